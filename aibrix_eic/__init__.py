@@ -1,0 +1,18 @@
+"""aibrix_eic: an EIC L2 backend for AIBrix KV-cache offloading.
+
+Importing this package is cheap (no torch, no aibrix_kvcache): it runs in
+every interpreter through the .pth hook. `install()` routes AIBrix's
+`Connector.create(backend_name="EIC")` to `aibrix_eic.connector.EICConnector`.
+"""
+
+__version__ = "0.1.0"
+
+
+def install() -> None:
+    """Make AIBrix's EIC backend resolve to our connector in this process."""
+    from .plugin import install as _install
+
+    _install()
+
+
+__all__ = ["__version__", "install"]

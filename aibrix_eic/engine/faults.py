@@ -1,0 +1,56 @@
+"""Fault injection for the embedded engine: the ways a real EIC misbehaves.
+
+Each knob models a failure seen in production (shared/docs/eic-sdk.md 1.6,
+1.8, 3): slow calls, whole calls that fail, per-key failures inside a
+PARTIAL_FAILED reply, an unreachable cluster, and mexist hits that mget cannot
+deliver. Knobs are plain attributes, so tests flip them while a workload runs.
+"""
+
+import random
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Faults:
+    latency_s: float = 0.0  # added to every data call, outside any lock
+    fail_rate: float = 0.0  # chance a whole call returns FAILED
+    key_fail_rate: float = 0.0  # chance each key fails inside PARTIAL_FAILED
+    unreachable: bool = False  # init returns -1, every call returns FAILED
+    phantom_rate: float = 0.0  # chance mexist reports a missing key present
+    seed: int | None = None
+    _rng: random.Random = field(init=False, repr=False, compare=False)
+    _rng_lock: threading.Lock = field(
+        init=False, repr=False, compare=False, default_factory=threading.Lock
+    )
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+
+    def reseed(self, seed: int | None) -> None:
+        self.seed = seed
+        with self._rng_lock:
+            self._rng = random.Random(seed)
+
+    def clear(self) -> None:
+        """Back to a healthy engine (the seed is kept)."""
+        self.latency_s = 0.0
+        self.fail_rate = 0.0
+        self.key_fail_rate = 0.0
+        self.unreachable = False
+        self.phantom_rate = 0.0
+
+    def _chance(self, rate: float) -> bool:
+        if rate <= 0.0:
+            return False
+        with self._rng_lock:
+            return self._rng.random() < rate
+
+    def call_fails(self) -> bool:
+        return self.unreachable or self._chance(self.fail_rate)
+
+    def key_fails(self) -> bool:
+        return self._chance(self.key_fail_rate)
+
+    def phantom_hit(self) -> bool:
+        return self._chance(self.phantom_rate)

@@ -1,0 +1,135 @@
+"""Named stores shared by every Client in the process, and endpoint parsing.
+
+`Client.init(instance_id, endpoint, option)` binds a client to the store
+named by the endpoint, creating it on first use, the way clients of one EIC
+cluster share its data. An endpoint is `[name][?param=value&...]`:
+
+    ""                               the store "default"
+    "?capacity=1GiB&latency=1ms"     "default", resized, with 1 ms per call
+    "bench?fail_rate=0.1"            the store "bench"
+    "10.0.0.1:12500"                 a store named after an eic:// address,
+                                     for callers that use the engine as `eic`
+
+Parameters given on a later init re-apply to the existing store; parameters
+left out keep their current value. docs/engine.md lists them.
+"""
+
+import difflib
+import threading
+from typing import Any, Callable
+from urllib.parse import parse_qsl
+
+from ..units import parse_duration, parse_size
+from .store import Store
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def _parse_rate(text: str) -> float:
+    rate = float(text)
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"expected a rate between 0 and 1, got {text!r}")
+    return rate
+
+
+def _parse_namespaces(text: str) -> list[str]:
+    return [ns for ns in text.split(",")]
+
+
+def _parse_seed(text: str) -> int:
+    return int(text)
+
+
+# param name -> (parser, where it applies)
+ENDPOINT_PARAMS: dict[str, Callable[[str], Any]] = {
+    "capacity": parse_size,
+    "max_value": parse_size,
+    "namespaces": _parse_namespaces,
+    "latency": parse_duration,
+    "fail_rate": _parse_rate,
+    "key_fail_rate": _parse_rate,
+    "unreachable": _parse_bool,
+    "phantom_rate": _parse_rate,
+    "seed": _parse_seed,
+}
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, dict[str, Any]]:
+    """Split an endpoint into its store name and parsed parameters.
+
+    Raises ValueError naming the parameter on anything it cannot parse.
+    """
+    name, _, query = (endpoint or "").partition("?")
+    name = name.strip().rstrip("/") or "default"
+    params: dict[str, Any] = {}
+    for key, raw in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
+        parser = ENDPOINT_PARAMS.get(key)
+        if parser is None:
+            hint = difflib.get_close_matches(key, ENDPOINT_PARAMS, n=1)
+            suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise ValueError(
+                f"unknown engine parameter {key!r}{suggestion} "
+                f"(known: {', '.join(ENDPOINT_PARAMS)})"
+            )
+        try:
+            params[key] = parser(raw)
+        except ValueError as e:
+            raise ValueError(f"engine parameter {key}={raw!r}: {e}") from None
+    return name, params
+
+
+_stores: dict[str, Store] = {}
+_stores_lock = threading.Lock()
+
+
+def apply_params(store: Store, params: dict[str, Any]) -> None:
+    if "capacity" in params:
+        store.set_capacity(params["capacity"])
+    if "max_value" in params:
+        store.max_value_bytes = params["max_value"]
+    if "namespaces" in params:
+        store.namespaces = frozenset(params["namespaces"])
+    faults = store.faults
+    if "latency" in params:
+        faults.latency_s = params["latency"]
+    if "fail_rate" in params:
+        faults.fail_rate = params["fail_rate"]
+    if "key_fail_rate" in params:
+        faults.key_fail_rate = params["key_fail_rate"]
+    if "unreachable" in params:
+        faults.unreachable = params["unreachable"]
+    if "phantom_rate" in params:
+        faults.phantom_rate = params["phantom_rate"]
+    if "seed" in params:
+        faults.reseed(params["seed"])
+
+
+def open_store(endpoint: str) -> Store:
+    """The store an endpoint names, created on first use, params applied."""
+    name, params = parse_endpoint(endpoint)
+    with _stores_lock:
+        store = _stores.get(name)
+        if store is None:
+            store = _stores[name] = Store(name=name)
+    apply_params(store, params)
+    return store
+
+
+def get_store(name: str = "default") -> Store:
+    """The store called `name`, created empty with defaults if needed."""
+    return open_store(name)
+
+
+def reset_stores() -> None:
+    """Forget every store (tests use this between cases)."""
+    with _stores_lock:
+        for store in _stores.values():
+            store.clear()
+        _stores.clear()

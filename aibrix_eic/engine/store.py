@@ -1,0 +1,330 @@
+"""The embedded engine's storage: bytes under (namespace, key), LRU, TTL.
+
+Thread model: one lock guards the index and the byte accounting; the data
+itself moves outside the lock with ctypes.memmove, which releases the GIL, so
+several threads copy at once. A value being read is pinned; eviction or
+overwrite of a pinned value only unlinks it, and its buffer is recycled when
+the last reader unpins it. A value being written is published only after its
+copy finished, so readers never see a half-written value.
+
+Memory: every buffer the store owns counts in `held_bytes` (published values,
+values being written, unlinked-but-pinned values, and freed buffers kept for
+reuse). Allocation keeps `held_bytes <= capacity` by recycling freed buffers,
+then dropping freed buffers of other sizes, then evicting LRU values. Only
+in-flight writes and pinned reads can push it above capacity, by at most the
+bytes of the calls in flight. Per value the bookkeeping is one small object
+and one index slot (about 250 bytes; see docs/engine.md).
+"""
+
+import ctypes
+import heapq
+import itertools
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from .enums import StatusCode
+from .faults import Faults
+
+_memmove = ctypes.memmove
+
+
+class _Value:
+    __slots__ = ("buf", "addr", "nbytes", "expires_at", "pins", "linked")
+
+    def __init__(self, buf: np.ndarray, nbytes: int) -> None:
+        self.buf = buf
+        self.addr: int = buf.ctypes.data
+        self.nbytes = nbytes
+        self.expires_at: float | None = None
+        self.pins = 0
+        self.linked = False
+
+
+@dataclass
+class StoreStats:
+    """Counters, read by tests, the CLI and benchmarks."""
+
+    puts: int = 0
+    gets: int = 0
+    hits: int = 0
+    misses: int = 0
+    exists: int = 0
+    deletes: int = 0
+    evictions: int = 0
+    expirations: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    allocations: int = 0
+    calls: dict = field(default_factory=dict)
+
+
+class Store:
+    """A capacity-bounded byte store shared by every Client bound to it."""
+
+    def __init__(
+        self,
+        name: str = "default",
+        capacity: int = 4 * 1024**3,
+        max_value_bytes: int = 4 * 1024**2,
+        namespaces: Iterable[str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.max_value_bytes = max_value_bytes
+        # None means any namespace is accepted; otherwise only these exist.
+        self.namespaces: frozenset[str] | None = (
+            None if namespaces is None else frozenset(namespaces)
+        )
+        self.clock = clock
+        self.faults = Faults()
+        self.stats = StoreStats()
+        self._lock = threading.Lock()
+        self._index: "OrderedDict[tuple[str, str], _Value]" = OrderedDict()
+        self._free: dict[int, list[np.ndarray]] = {}
+        self._free_bytes = 0
+        self._held_bytes = 0
+        self._live_bytes = 0
+        self._expiry_heap: list[tuple[float, int, tuple[str, str], _Value]] = []
+        self._expiry_seq = itertools.count()
+
+    # ------------------------------------------------------------------ info
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._index)
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes of published values."""
+        return self._live_bytes
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of every buffer the store owns, reusable ones included."""
+        return self._held_bytes
+
+    def has_namespace(self, ns: str) -> bool:
+        return self.namespaces is None or ns in self.namespaces
+
+    def value_size(self, ns: str, key: str) -> int | None:
+        """Size of the unexpired value under (ns, key), or None."""
+        with self._lock:
+            value = self._lookup_unsafe((ns, key), self.clock())
+            return None if value is None else value.nbytes
+
+    def keys(self) -> list[tuple[str, str]]:
+        with self._lock:
+            return list(self._index.keys())
+
+    def clear(self) -> None:
+        """Drop every value and every reusable buffer."""
+        with self._lock:
+            for value in self._index.values():
+                value.linked = False
+            self._index.clear()
+            self._expiry_heap.clear()
+            self._live_bytes = 0
+            self._held_bytes -= self._free_bytes
+            self._free.clear()
+            self._free_bytes = 0
+            # Values still pinned or being written keep their bytes counted
+            # until they are released.
+
+    def set_capacity(self, capacity: int) -> None:
+        with self._lock:
+            self.capacity = capacity
+            self._make_room_unsafe(0)
+
+    # ------------------------------------------------------------ data path
+    def put_many(
+        self,
+        ns: str,
+        keys: Sequence[str],
+        sources: Sequence[tuple[int, int]],
+        ttl_second: int,
+    ) -> list[StatusCode]:
+        """Store each (addr, nbytes) source under its key; one code per key."""
+        codes: list[StatusCode] = [StatusCode.SUCCESS] * len(keys)
+        reserved: list[tuple[int, _Value]] = []
+        with self._lock:
+            self._expire_due_unsafe()
+            for i, (addr, nbytes) in enumerate(sources):
+                value = self._allocate_unsafe(nbytes)
+                if value is None:
+                    codes[i] = StatusCode.OUT_OF_CAPACITY
+                else:
+                    reserved.append((i, value))
+        for i, value in reserved:
+            _memmove(value.addr, sources[i][0], value.nbytes)
+        expires_at = None
+        if ttl_second > 0:
+            expires_at = self.clock() + ttl_second
+        with self._lock:
+            for i, value in reserved:
+                key = (ns, keys[i])
+                old = self._index.pop(key, None)
+                if old is not None:
+                    self._unlink_unsafe(old)
+                value.expires_at = expires_at
+                value.linked = True
+                self._index[key] = value
+                self._live_bytes += value.nbytes
+                if expires_at is not None:
+                    heapq.heappush(
+                        self._expiry_heap,
+                        (expires_at, next(self._expiry_seq), key, value),
+                    )
+                self.stats.bytes_in += value.nbytes
+            self.stats.puts += len(keys)
+        return codes
+
+    def get_many(
+        self,
+        ns: str,
+        keys: Sequence[str],
+        destinations: Sequence[tuple[int, int]],
+    ) -> list[StatusCode]:
+        """Copy each stored value into its (addr, nbytes) destination.
+
+        A destination whose size differs from the stored value is left
+        untouched and gets BUFFER_SIZE_MISMATCH: never a partial fill.
+        """
+        codes: list[StatusCode] = [StatusCode.KEY_NOT_EXIST] * len(keys)
+        pinned: list[tuple[int, _Value]] = []
+        with self._lock:
+            now = self.clock()
+            for i, key in enumerate(keys):
+                value = self._lookup_unsafe((ns, key), now)
+                if value is None:
+                    continue
+                if value.nbytes != destinations[i][1]:
+                    codes[i] = StatusCode.BUFFER_SIZE_MISMATCH
+                    continue
+                value.pins += 1
+                self._index.move_to_end((ns, key))
+                pinned.append((i, value))
+            self.stats.gets += len(keys)
+            self.stats.hits += len(pinned)
+            self.stats.misses += len(keys) - len(pinned)
+        try:
+            for i, value in pinned:
+                _memmove(destinations[i][0], value.addr, value.nbytes)
+                codes[i] = StatusCode.SUCCESS
+        finally:
+            with self._lock:
+                for _, value in pinned:
+                    value.pins -= 1
+                    self.stats.bytes_out += value.nbytes
+                    if value.pins == 0 and not value.linked:
+                        self._recycle_unsafe(value)
+        return codes
+
+    def exist_many(self, ns: str, keys: Sequence[str]) -> list[bool]:
+        """Whether each key holds an unexpired value. Does not touch LRU."""
+        with self._lock:
+            now = self.clock()
+            found = [self._lookup_unsafe((ns, key), now) is not None for key in keys]
+            self.stats.exists += len(keys)
+        return found
+
+    def delete_many(self, ns: str, keys: Sequence[str]) -> list[bool]:
+        """Remove each key; True where a value was there to remove."""
+        with self._lock:
+            now = self.clock()
+            removed = []
+            for key in keys:
+                value = self._lookup_unsafe((ns, key), now)
+                if value is not None:
+                    del self._index[(ns, key)]
+                    self._unlink_unsafe(value)
+                removed.append(value is not None)
+            self.stats.deletes += len(keys)
+        return removed
+
+    # ------------------------------------------------------------- internals
+    def _lookup_unsafe(self, key: tuple[str, str], now: float) -> _Value | None:
+        value = self._index.get(key)
+        if value is None:
+            return None
+        if value.expires_at is not None and value.expires_at <= now:
+            del self._index[key]
+            self._unlink_unsafe(value)
+            self.stats.expirations += 1
+            return None
+        return value
+
+    def _expire_due_unsafe(self) -> None:
+        heap = self._expiry_heap
+        if not heap:
+            return
+        now = self.clock()
+        while heap and heap[0][0] <= now:
+            _, _, key, value = heapq.heappop(heap)
+            if value.linked and self._index.get(key) is value:
+                del self._index[key]
+                self._unlink_unsafe(value)
+                self.stats.expirations += 1
+
+    def _unlink_unsafe(self, value: _Value) -> None:
+        """Forget a published value; recycle its buffer unless pinned."""
+        value.linked = False
+        self._live_bytes -= value.nbytes
+        if value.pins == 0:
+            self._recycle_unsafe(value)
+
+    def _recycle_unsafe(self, value: _Value) -> None:
+        buf = value.buf
+        value.buf = None  # type: ignore[assignment]
+        if buf is None:
+            return
+        if self._held_bytes <= self.capacity:
+            self._free.setdefault(value.nbytes, []).append(buf)
+            self._free_bytes += value.nbytes
+        else:
+            self._held_bytes -= value.nbytes
+
+    def _allocate_unsafe(self, nbytes: int) -> _Value | None:
+        spare = self._free.get(nbytes)
+        if spare:
+            self._free_bytes -= nbytes
+            return _Value(spare.pop(), nbytes)
+        reused = self._make_room_unsafe(nbytes)
+        if reused is not None:
+            return _Value(reused, nbytes)
+        if self._held_bytes + nbytes > self.capacity:
+            return None
+        self._held_bytes += nbytes
+        self.stats.allocations += 1
+        return _Value(np.empty(nbytes, dtype=np.uint8), nbytes)
+
+    def _make_room_unsafe(self, nbytes: int) -> np.ndarray | None:
+        """Free bytes until `nbytes` more fit under capacity.
+
+        Returns an evicted buffer of exactly `nbytes` when one turns up, for
+        the caller to reuse in place of a new allocation.
+        """
+        while self._held_bytes + nbytes > self.capacity and self._free_bytes:
+            size, bufs = next(iter(self._free.items()))
+            bufs.pop()
+            if not bufs:
+                del self._free[size]
+            self._free_bytes -= size
+            self._held_bytes -= size
+        while self._held_bytes + nbytes > self.capacity and self._index:
+            _, victim = self._index.popitem(last=False)
+            self.stats.evictions += 1
+            victim.linked = False
+            self._live_bytes -= victim.nbytes
+            if victim.pins:
+                continue  # freed by its last reader
+            if nbytes and victim.nbytes == nbytes:
+                buf, victim.buf = victim.buf, None
+                return buf
+            victim.buf = None
+            self._held_bytes -= victim.nbytes
+        return None

@@ -1,0 +1,329 @@
+"""The names public callers import from the `eic` SDK, backed by a Store.
+
+Call shapes follow shared/docs/eic-sdk.md section 1:
+
+    status, outcome = client.mset(keys, vals, set_option)
+    status, vals, outcome = client.mget(keys, get_option, vals)
+    status, outcome = client.mexist(keys, exist_option)
+    status, outcome = client.mdel(keys[, del_option])
+
+`outcome.status_codes` holds one code per key, in order, on every reply,
+failures included. Where the SDK's behaviour is unknown this engine takes the
+strict reading; docs/engine.md lists each choice.
+"""
+
+import bisect
+import threading
+import time
+from typing import Iterable, Iterator, Sequence
+
+from .enums import LogLevel, MemoryType, StatusCode, TransportType, overall_status
+from .registry import open_store
+from .store import Store
+
+
+class StringVector(list):
+    """A list of str keys (pybind11 `std::vector<std::string>` stand-in)."""
+
+    def append(self, key: str) -> None:  # type: ignore[override]
+        if not isinstance(key, str):
+            raise TypeError(f"StringVector holds str keys, got {type(key).__name__}")
+        super().append(key)
+
+    def extend(self, keys: Iterable[str]) -> None:  # type: ignore[override]
+        for key in keys:
+            self.append(key)
+
+
+class IOBuffers:
+    """(address, length, registered) triples naming caller memory."""
+
+    __slots__ = ("_buffers",)
+
+    def __init__(self) -> None:
+        self._buffers: list[tuple[int, int, bool]] = []
+
+    def append(self, addr: int, length: int, registered: bool = False) -> None:
+        if not isinstance(addr, int) or not isinstance(length, int):
+            raise TypeError("IOBuffers.append(addr: int, length: int, registered: bool)")
+        self._buffers.append((addr, length, bool(registered)))
+
+    def __len__(self) -> int:
+        return len(self._buffers)
+
+    def __getitem__(self, index: int) -> tuple[int, int, bool]:
+        return self._buffers[index]
+
+    def __iter__(self) -> Iterator[tuple[int, int, bool]]:
+        return iter(self._buffers)
+
+
+class InitOption:
+    def __init__(self) -> None:
+        self.log_dir: str | None = None
+        self.log_level: LogLevel = LogLevel.INFO
+        self.transport_type: TransportType = TransportType.TRANSPORT_GDR
+        self.flag_file: str | None = None
+        self.multi_net_local_interface_names: str | None = None
+
+
+class MemoryInfo:
+    def __init__(self) -> None:
+        self.type: MemoryType = MemoryType.MEMORY_DEFAULT
+        self.cuda_id: int = 0
+
+
+class _NamespaceOption:
+    def __init__(self) -> None:
+        self.ns: str = ""
+
+
+class GetOption(_NamespaceOption):
+    pass
+
+
+class ExistOption(_NamespaceOption):
+    pass
+
+
+class DelOption(_NamespaceOption):
+    pass
+
+
+class SetOption(_NamespaceOption):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ttl_second: int = -1
+
+
+class Outcome:
+    __slots__ = ("status_codes",)
+
+    def __init__(self, status_codes: list[StatusCode]) -> None:
+        self.status_codes = status_codes
+
+    def __repr__(self) -> str:
+        return f"Outcome(status_codes={[str(c) for c in self.status_codes]})"
+
+
+def _failed(nkeys: int, code: StatusCode = StatusCode.FAILED) -> tuple[StatusCode, Outcome]:
+    return StatusCode.FAILED, Outcome([code] * nkeys)
+
+
+class Client:
+    """An EIC client bound to one named Store after `init`."""
+
+    def __init__(self) -> None:
+        self._store: Store | None = None
+        self._instance_id: str | None = None
+        # (starts, ends) of merged registered regions, swapped as one tuple
+        # so lock-free readers always see a consistent pair.
+        self._registered: tuple[list[int], list[int]] = ([], [])
+        self._registration_lock = threading.Lock()
+
+    # ------------------------------------------------------------ lifecycle
+    def init(self, instance_id: str, endpoint: str, option: InitOption | None = None) -> int:
+        """Bind to the store named by `endpoint`. 0 on success.
+
+        Returns -1 when the store is marked unreachable (a real cluster that
+        cannot be reached does the same) and -22 for an endpoint it cannot
+        parse or an option of the wrong type.
+        """
+        if option is not None and not isinstance(option.transport_type, TransportType):
+            return -22
+        try:
+            store = open_store(endpoint)
+        except ValueError:
+            return -22
+        if store.faults.unreachable:
+            return -1
+        self._store = store
+        self._instance_id = instance_id
+        return 0
+
+    def register_memory(self, buffers: IOBuffers, info: MemoryInfo | None = None) -> bool:
+        """Register caller memory; buffers appended later with
+        registered=True must lie inside a region registered here."""
+        if self._store is None or len(buffers) == 0:
+            return False
+        regions = []
+        for addr, length, _ in buffers:
+            if addr <= 0 or length <= 0:
+                return False
+            regions.append((addr, addr + length))
+        with self._registration_lock:
+            merged = sorted(list(zip(*self._registered)) + regions)
+            starts: list[int] = []
+            ends: list[int] = []
+            for start, end in merged:
+                if starts and start <= ends[-1]:
+                    ends[-1] = max(ends[-1], end)
+                else:
+                    starts.append(start)
+                    ends.append(end)
+            self._registered = (starts, ends)
+        return True
+
+    def _is_registered(self, addr: int, length: int) -> bool:
+        starts, ends = self._registered
+        i = bisect.bisect_right(starts, addr) - 1
+        return i >= 0 and addr + length <= ends[i]
+
+    # ------------------------------------------------------------ data path
+    def _begin_call(self, nkeys: int) -> Store | tuple[StatusCode, Outcome]:
+        """The bound store, or the failure reply this call must return."""
+        store = self._store
+        if store is None:
+            return _failed(nkeys, StatusCode.NOT_INITIALIZED)
+        faults = store.faults
+        if faults.latency_s > 0:
+            time.sleep(faults.latency_s)
+        if faults.call_fails():
+            return _failed(nkeys)
+        return store
+
+    def _check_buffers(
+        self, keys: Sequence[str], vals: IOBuffers, codes: list[StatusCode]
+    ) -> None:
+        for i, (addr, length, registered) in enumerate(vals):
+            if addr <= 0 or length <= 0:
+                codes[i] = StatusCode.INVALID_ARGUMENT
+            elif registered and not self._is_registered(addr, length):
+                codes[i] = StatusCode.MEMORY_NOT_REGISTERED
+
+    def mset(
+        self, keys: Sequence[str], vals: IOBuffers, option: SetOption | None = None
+    ) -> tuple[StatusCode, Outcome]:
+        option = option or SetOption()
+        if len(keys) != len(vals) or option.ttl_second == 0 or option.ttl_second < -1:
+            return _failed(len(keys), StatusCode.INVALID_ARGUMENT)
+        if len(keys) == 0:
+            return StatusCode.SUCCESS, Outcome([])
+        begun = self._begin_call(len(keys))
+        if not isinstance(begun, Store):
+            return begun
+        store = begun
+        if not store.has_namespace(option.ns):
+            return _failed(len(keys), StatusCode.NAMESPACE_NOT_FOUND)
+        codes = [StatusCode.SUCCESS] * len(keys)
+        self._check_buffers(keys, vals, codes)
+        faults = store.faults
+        todo = []
+        for i, (addr, length, _) in enumerate(vals):
+            if codes[i] != StatusCode.SUCCESS:
+                continue
+            if length > store.max_value_bytes:
+                codes[i] = StatusCode.VALUE_TOO_LARGE
+            elif faults.key_fails():
+                codes[i] = StatusCode.FAILED
+            else:
+                todo.append(i)
+        if todo:
+            stored = store.put_many(
+                option.ns,
+                [keys[i] for i in todo],
+                [(vals[i][0], vals[i][1]) for i in todo],
+                option.ttl_second,
+            )
+            for i, code in zip(todo, stored):
+                codes[i] = code
+        return overall_status(codes), Outcome(codes)
+
+    def mget(
+        self, keys: Sequence[str], option: GetOption | None = None, vals: IOBuffers | None = None
+    ) -> tuple[StatusCode, IOBuffers | list, Outcome]:
+        """Copy values into `vals`. With vals=None, values come back as a
+        list of bytes (None for a miss) in the second element."""
+        option = option or GetOption()
+        if vals is not None and len(keys) != len(vals):
+            status, outcome = _failed(len(keys), StatusCode.INVALID_ARGUMENT)
+            return status, vals, outcome
+        if len(keys) == 0:
+            return StatusCode.SUCCESS, vals if vals is not None else [], Outcome([])
+        begun = self._begin_call(len(keys))
+        if not isinstance(begun, Store):
+            return begun[0], vals if vals is not None else [], begun[1]
+        store = begun
+        if not store.has_namespace(option.ns):
+            status, outcome = _failed(len(keys), StatusCode.NAMESPACE_NOT_FOUND)
+            return status, vals if vals is not None else [], outcome
+        if vals is None:
+            return self._mget_as_bytes(store, keys, option.ns)
+        codes = [StatusCode.SUCCESS] * len(keys)
+        self._check_buffers(keys, vals, codes)
+        faults = store.faults
+        todo = []
+        for i in range(len(keys)):
+            if codes[i] != StatusCode.SUCCESS:
+                continue
+            if faults.key_fails():
+                codes[i] = StatusCode.FAILED
+            else:
+                todo.append(i)
+        if todo:
+            fetched = store.get_many(
+                option.ns,
+                [keys[i] for i in todo],
+                [(vals[i][0], vals[i][1]) for i in todo],
+            )
+            for i, code in zip(todo, fetched):
+                codes[i] = code
+        return overall_status(codes), vals, Outcome(codes)
+
+    def _mget_as_bytes(
+        self, store: Store, keys: Sequence[str], ns: str
+    ) -> tuple[StatusCode, list, Outcome]:
+        import ctypes
+
+        values: list[bytes | None] = []
+        codes: list[StatusCode] = []
+        for key in keys:
+            size = store.value_size(ns, key)
+            if size is None:
+                values.append(None)
+                codes.append(StatusCode.KEY_NOT_EXIST)
+                continue
+            out = ctypes.create_string_buffer(size)
+            code = store.get_many(ns, [key], [(ctypes.addressof(out), size)])[0]
+            values.append(out.raw if code == StatusCode.SUCCESS else None)
+            codes.append(code)
+        return overall_status(codes), values, Outcome(codes)
+
+    def mexist(
+        self, keys: Sequence[str], option: ExistOption | None = None
+    ) -> tuple[StatusCode, Outcome]:
+        option = option or ExistOption()
+        if len(keys) == 0:
+            return StatusCode.SUCCESS, Outcome([])
+        begun = self._begin_call(len(keys))
+        if not isinstance(begun, Store):
+            return begun
+        store = begun
+        if not store.has_namespace(option.ns):
+            return _failed(len(keys), StatusCode.NAMESPACE_NOT_FOUND)
+        faults = store.faults
+        codes = []
+        for present in store.exist_many(option.ns, keys):
+            if present or faults.phantom_hit():
+                codes.append(StatusCode.SUCCESS)
+            else:
+                codes.append(StatusCode.KEY_NOT_EXIST)
+        return overall_status(codes), Outcome(codes)
+
+    def mdel(
+        self, keys: Sequence[str], option: DelOption | None = None
+    ) -> tuple[StatusCode, Outcome]:
+        option = option or DelOption()
+        if len(keys) == 0:
+            return StatusCode.SUCCESS, Outcome([])
+        begun = self._begin_call(len(keys))
+        if not isinstance(begun, Store):
+            return begun
+        store = begun
+        if not store.has_namespace(option.ns):
+            return _failed(len(keys), StatusCode.NAMESPACE_NOT_FOUND)
+        codes = [
+            StatusCode.SUCCESS if removed else StatusCode.KEY_NOT_EXIST
+            for removed in store.delete_many(option.ns, keys)
+        ]
+        return overall_status(codes), Outcome(codes)

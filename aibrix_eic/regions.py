@@ -1,0 +1,55 @@
+"""The memory regions registered with EIC, and lookups of buffers in them.
+
+The connector keeps its own copy so it can mark each buffer `registered`
+correctly, refuse unregistered memory when registration is required, and
+register everything again on a client made after a reconnect.
+"""
+
+import bisect
+import threading
+
+
+class RegisteredRegions:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._regions: list[tuple[int, int]] = []  # (addr, nbytes), as given
+        # Merged [start, end) intervals, swapped as one tuple for lock-free reads.
+        self._index: tuple[list[int], list[int]] = ([], [])
+        self.cuda_device: int | None = None
+
+    def add(self, regions: list[tuple[int, int]], cuda_device: int | None) -> list[tuple[int, int]]:
+        """Remember regions; returns the ones not remembered before."""
+        with self._lock:
+            known = set(self._regions)
+            new = [region for region in regions if region not in known]
+            self._regions.extend(new)
+            self.cuda_device = cuda_device
+            intervals = sorted((addr, addr + nbytes) for addr, nbytes in self._regions)
+            starts: list[int] = []
+            ends: list[int] = []
+            for start, end in intervals:
+                if starts and start <= ends[-1]:
+                    ends[-1] = max(ends[-1], end)
+                else:
+                    starts.append(start)
+                    ends.append(end)
+            self._index = (starts, ends)
+            return new
+
+    def all(self) -> list[tuple[int, int]]:
+        with self._lock:
+            return list(self._regions)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._regions = []
+            self._index = ([], [])
+            self.cuda_device = None
+
+    def __len__(self) -> int:
+        return len(self._regions)
+
+    def contains(self, addr: int, nbytes: int) -> bool:
+        starts, ends = self._index
+        i = bisect.bisect_right(starts, addr) - 1
+        return i >= 0 and addr + nbytes <= ends[i]

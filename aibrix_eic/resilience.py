@@ -1,0 +1,191 @@
+"""Deadlines, backoff, the circuit breaker and its recovery probe.
+
+Small objects with one job each, in the manner of redis-py's retry.py and
+backoff.py. The connector composes them; none of them knows about EIC.
+"""
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+logger = logging.getLogger(__name__)
+
+
+class Deadline:
+    """A point in monotonic time that an operation must finish by."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, timeout_s: float) -> None:
+        self.at = time.monotonic() + timeout_s
+
+    def remaining(self) -> float:
+        return max(0.0, self.at - time.monotonic())
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.at
+
+
+class ExponentialBackoff:
+    """Equal-jitter exponential backoff: half fixed, half random, capped."""
+
+    def __init__(self, base_s: float, cap_s: float) -> None:
+        self.base_s = base_s
+        self.cap_s = cap_s
+
+    def compute(self, failures: int) -> float:
+        """Seconds to wait before retry number `failures` (1-based)."""
+        ceiling = min(self.cap_s, self.base_s * (2 ** max(0, failures - 1)))
+        return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+
+@dataclass(frozen=True)
+class BreakerSnapshot:
+    state: str  # "closed" or "open"
+    consecutive_failures: int
+    trips: int
+    opened_at: float | None  # time.time() of the last trip while open
+    reason: str  # why it last opened
+
+
+class CircuitBreaker:
+    """Opens after `threshold` consecutive signs that the service is down.
+
+    Only whole-call failures and timeouts count; a reply that answered for
+    any key (hit or miss) proves the service is up and resets the count, so
+    a service that fails some keys keeps its cache (see
+    shared/docs/aibrix-integration.md section 5). The breaker never closes by
+    itself: Prober closes it after a successful probe.
+    """
+
+    CLOSED = "closed"
+    OPEN = "open"
+
+    def __init__(
+        self,
+        threshold: int,
+        on_change: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.threshold = threshold
+        self._on_change = on_change
+        self._lock = threading.Lock()
+        self._open = False
+        self._failures = 0
+        self._trips = 0
+        self._opened_at: float | None = None
+        self._reason = ""
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    @property
+    def state(self) -> str:
+        return self.OPEN if self._open else self.CLOSED
+
+    def record_success(self) -> None:
+        if self._failures:
+            with self._lock:
+                self._failures = 0
+
+    def record_failure(self, reason: str) -> None:
+        with self._lock:
+            self._failures += 1
+            if self._open or self._failures < self.threshold:
+                return
+            self._set_open_unsafe(f"{self._failures} consecutive failures, last: {reason}")
+        self._notify(self.OPEN)
+
+    def trip(self, reason: str) -> None:
+        """Open at once (init failed, for instance)."""
+        with self._lock:
+            if self._open:
+                self._reason = reason
+                return
+            self._set_open_unsafe(reason)
+        self._notify(self.OPEN)
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._open:
+                return
+            self._open = False
+            self._failures = 0
+            self._opened_at = None
+        self._notify(self.CLOSED)
+
+    def snapshot(self) -> BreakerSnapshot:
+        with self._lock:
+            return BreakerSnapshot(
+                state=self.state,
+                consecutive_failures=self._failures,
+                trips=self._trips,
+                opened_at=self._opened_at,
+                reason=self._reason,
+            )
+
+    def _set_open_unsafe(self, reason: str) -> None:
+        self._open = True
+        self._trips += 1
+        self._opened_at = time.time()
+        self._reason = reason
+
+    def _notify(self, state: str) -> None:
+        if self._on_change is not None:
+            self._on_change(state, self._reason)
+
+
+class Prober:
+    """A daemon thread that, while the breaker is open, calls `attempt`
+    every `interval_s` and closes the breaker when it returns True."""
+
+    def __init__(
+        self,
+        breaker: CircuitBreaker,
+        attempt: Callable[[], bool],
+        interval_s: float,
+        name: str = "aibrix_eic_probe",
+    ) -> None:
+        self._breaker = breaker
+        self._attempt = attempt
+        self._interval_s = interval_s
+        self._name = name
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Start counting the interval now (the breaker just opened)."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self._breaker.is_open:
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            if self._stop.wait(self._interval_s):
+                return
+            if not self._breaker.is_open:
+                continue
+            try:
+                recovered = self._attempt()
+            except Exception:  # the probe must outlive any SDK surprise
+                logger.exception("EIC recovery probe raised")
+                recovered = False
+            if recovered and not self._stop.is_set():
+                self._breaker.close()

@@ -1,0 +1,196 @@
+"""The seam between the connector and an EIC SDK module.
+
+remote_url picks the module: `eic://` imports the vendor SDK (`import eic`),
+`local://` uses aibrix_eic.engine. Both are driven by the same code below, and
+nothing outside this file touches SDK names or unpacks SDK replies. Replies
+come back as CallResult: one HIT/MISS/FAIL per key plus whether the call as a
+whole failed, which is what the connector's retry and breaker logic need.
+"""
+
+import importlib
+import os
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Sequence
+
+from .config import ConfigError, EICConfig
+
+SDK_WHEEL_URL = "https://eic-sdk-release.tos-cn-beijing.volces.com/python/eic-1.5.2-py3-none-any.whl"
+
+HIT, MISS, FAIL = 0, 1, 2  # per-key outcomes
+
+
+def load_sdk_module(config: EICConfig) -> ModuleType:
+    """The module behind config.remote_url; ConfigError if it is missing."""
+    if config.uses_embedded_engine:
+        from . import engine
+
+        return engine
+    try:
+        return importlib.import_module("eic")
+    except ImportError as e:
+        raise ConfigError(
+            config.source,
+            "remote_url",
+            f"{config.remote_url} needs the EIC Python SDK (`import eic` failed: {e}). "
+            f"Install it with `pip install {SDK_WHEEL_URL}`, "
+            "or use `remote_url: local://` for the embedded engine",
+        ) from None
+
+
+@dataclass(frozen=True)
+class CallResult:
+    outcomes: list[int]  # HIT, MISS or FAIL for each key, in order
+    whole_call_failed: bool  # no key got an answer: a sign the service is down
+    detail: str  # what the SDK said, for logs and error messages
+
+
+class SdkClient:
+    """One initialised `eic.Client` and the options every call reuses."""
+
+    def __init__(self, module: ModuleType, client, config: EICConfig) -> None:
+        self._eic = module
+        self._client = client
+        self._success = module.StatusCode.SUCCESS
+        self._key_not_exist = module.StatusCode.KEY_NOT_EXIST
+        self._set_option = module.SetOption()
+        self._set_option.ns = config.eic_kv_ns
+        self._set_option.ttl_second = config.eic_kv_ttl
+        self._get_option = module.GetOption()
+        self._get_option.ns = config.eic_kv_ns
+        self._exist_option = module.ExistOption()
+        self._exist_option.ns = config.eic_kv_ns
+        self._del_option = module.DelOption()
+        self._del_option.ns = config.eic_kv_ns
+
+    @classmethod
+    def connect(cls, module: ModuleType, config: EICConfig) -> "tuple[SdkClient | None, str]":
+        """A new client, initialised; or None and a message saying why not."""
+        try:
+            transport = module.TransportType(config.eic_trans_type)
+        except (ValueError, TypeError):
+            return None, (
+                f"{config.source}: eic_trans_type {config.eic_trans_type} is not a transport "
+                f"this SDK knows ({_enum_members(module.TransportType)})"
+            )
+        try:
+            log_level = module.LogLevel(config.eic_log_level)
+        except (ValueError, TypeError):
+            return None, (
+                f"{config.source}: eic_log_level {config.eic_log_level} is not a level "
+                f"this SDK knows ({_enum_members(module.LogLevel)})"
+            )
+        if config.eic_log_dir:
+            try:
+                os.makedirs(config.eic_log_dir, exist_ok=True)
+            except OSError as e:
+                return None, f"{config.source}: eic_log_dir {config.eic_log_dir} cannot be created: {e.strerror}"
+        option = module.InitOption()
+        option.log_dir = config.eic_log_dir
+        option.log_level = log_level
+        option.transport_type = transport
+        option.flag_file = config.eic_flag_file
+        try:
+            client = module.Client()
+            ret = client.init(config.eic_instance_id, config.endpoint, option)
+        except Exception as e:  # a vendor binding may raise anything
+            return None, f"eic Client.init raised {e!r}"
+        if ret != 0:
+            where = "the embedded engine" if config.uses_embedded_engine else f"the EIC cluster at {config.remote_url}"
+            reason = " (unreachable)" if ret == -1 else ""
+            return None, f"init returned {ret}: {where} did not accept the client{reason}"
+        return cls(module, client, config), ""
+
+    # ------------------------------------------------------------- calls
+    def _interpret(self, op: str, status, outcome, nkeys: int) -> CallResult:
+        codes = list(getattr(outcome, "status_codes", None) or [])
+        if len(codes) != nkeys:
+            # Without one code per key nothing can be confirmed, so nothing
+            # counts as stored or loaded.
+            return CallResult(
+                [FAIL] * nkeys, True, f"{op} {status} with {len(codes)} codes for {nkeys} keys"
+            )
+        success, key_not_exist = self._success, self._key_not_exist
+        outcomes = [
+            HIT if code == success else MISS if code == key_not_exist else FAIL for code in codes
+        ]
+        whole_call_failed = status != success and FAIL in outcomes and HIT not in outcomes and MISS not in outcomes
+        if status == success:
+            detail = f"{op} {status}"
+        else:
+            detail = f"{op} {status} " + _code_summary(codes)
+        return CallResult(outcomes, whole_call_failed, detail)
+
+    def _keys(self, keys: Sequence[str]):
+        vector = self._eic.StringVector()
+        vector.extend(keys)
+        return vector
+
+    def _buffers(self, buffers: Sequence[tuple[int, int, bool]]):
+        iobufs = self._eic.IOBuffers()
+        for addr, length, registered in buffers:
+            iobufs.append(addr, length, registered)
+        return iobufs
+
+    def mset(self, keys: Sequence[str], buffers: Sequence[tuple[int, int, bool]]) -> CallResult:
+        try:
+            status, outcome = self._client.mset(self._keys(keys), self._buffers(buffers), self._set_option)
+        except Exception as e:
+            return CallResult([FAIL] * len(keys), True, f"mset raised {e!r}")
+        return self._interpret("mset", status, outcome, len(keys))
+
+    def mget(self, keys: Sequence[str], buffers: Sequence[tuple[int, int, bool]]) -> CallResult:
+        try:
+            status, _, outcome = self._client.mget(self._keys(keys), self._get_option, self._buffers(buffers))
+        except Exception as e:
+            return CallResult([FAIL] * len(keys), True, f"mget raised {e!r}")
+        return self._interpret("mget", status, outcome, len(keys))
+
+    def mexist(self, keys: Sequence[str]) -> CallResult:
+        try:
+            status, outcome = self._client.mexist(self._keys(keys), self._exist_option)
+        except Exception as e:
+            return CallResult([FAIL] * len(keys), True, f"mexist raised {e!r}")
+        result = self._interpret("mexist", status, outcome, len(keys))
+        if result.whole_call_failed:
+            return result
+        # Callers agree that any non-SUCCESS per-key code of mexist is a miss.
+        return CallResult([HIT if o == HIT else MISS for o in result.outcomes], False, result.detail)
+
+    def mdel(self, keys: Sequence[str]) -> CallResult:
+        try:
+            status, outcome = self._client.mdel(self._keys(keys), self._del_option)
+        except Exception as e:
+            return CallResult([FAIL] * len(keys), True, f"mdel raised {e!r}")
+        return self._interpret("mdel", status, outcome, len(keys))
+
+    def register(self, regions: Sequence[tuple[int, int]], cuda_device: int | None) -> tuple[bool, str]:
+        """register_memory for (addr, nbytes) regions; (ok, message)."""
+        iobufs = self._eic.IOBuffers()
+        for addr, nbytes in regions:
+            iobufs.append(addr, nbytes, True)
+        info = self._eic.MemoryInfo()
+        if cuda_device is None:
+            info.type = self._eic.MemoryType.MEMORY_DEFAULT
+        else:
+            info.type = self._eic.MemoryType.MEMORY_CUDA
+            info.cuda_id = cuda_device
+        try:
+            ok = bool(self._client.register_memory(iobufs, info))
+        except Exception as e:
+            return False, f"register_memory raised {e!r}"
+        total = sum(nbytes for _, nbytes in regions)
+        return ok, "" if ok else f"register_memory returned False for {len(regions)} regions ({total} bytes)"
+
+
+def _enum_members(enum_type) -> str:
+    members = getattr(enum_type, "__members__", {})
+    return ", ".join(f"{int(v)} {k}" for k, v in members.items()) or "unknown members"
+
+
+def _code_summary(codes) -> str:
+    counts: dict[str, int] = {}
+    for code in codes:
+        name = str(code)
+        counts[name] = counts.get(name, 0) + 1
+    return "{" + ", ".join(f"{name}: {n}" for name, n in counts.items()) + "}"
