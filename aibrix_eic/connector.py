@@ -29,9 +29,10 @@ from typing import Any, Callable, List, Sequence, Tuple
 
 import torch
 from aibrix_kvcache.l2.connectors import Connector, ConnectorFeature
-from aibrix_kvcache.memory import MemoryRegion
+from aibrix_kvcache.memory import ManagedMemoryRegion, MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes
 
+from .aibrix_compat import restore_packed_tokens
 from .codec import KeyCodec
 from .config import ENV_CONFIG, ENV_CONFIG_UPSTREAM, ConfigError, EICConfig, config_path_from_env
 from .logs import RateLimitedLogger
@@ -644,8 +645,22 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         await self._run(self._data_pool, work, chunks, deadline, "get", timeout_ms)
         statuses = self._statuses(chunks, "get", timeout_ms)
         loaded = _prefix_close(statuses)
+        if loaded and not MemoryRegion.use_compact_layout():
+            loaded = self._restore_tokens(mrs, statuses, loaded)
         self._counters.add(gets=1, get_blocks=len(keys), get_hits=loaded)
         return statuses
+
+    @staticmethod
+    def _restore_tokens(mrs: Sequence[MemoryRegion], statuses: list[Status], loaded: int) -> int:
+        """Token-validation layout: hand L2Cache correctly parsed tokens (see
+        aibrix_compat); a block without a well-formed footer ends the prefix."""
+        for i in range(loaded):
+            mr = mrs[i]
+            if isinstance(mr, ManagedMemoryRegion) and not restore_packed_tokens(mr):
+                statuses[i] = Status(StatusCodes.NOT_FOUND, f"block {i}: stored value has no valid token footer")
+                _prefix_close(statuses)
+                return i
+        return loaded
 
     @_never_raises("get")
     async def get(self, key: bytes, mr: MemoryRegion) -> Status:

@@ -1,0 +1,93 @@
+"""Shared fixtures: a fresh embedded engine per test, AIBrix set up for CPU.
+
+Environment that AIBrix reads at import time is set here, before any test
+module imports aibrix_kvcache.
+"""
+
+import os
+from dataclasses import dataclass
+from types import ModuleType
+
+import pytest
+
+# Read by aibrix_kvcache at import (memory_region.MR_USE_COMPACT_LAYOUT);
+# tests that need the token-validation layout patch it per test.
+os.environ.setdefault("AIBRIX_KV_CACHE_OL_TOKEN_VALIDATION_ENABLED", "0")
+for _name in ("AIBRIX_KV_CACHE_OL_EIC_CONFIG", "AIBRIX_KV_CACHE_OL_EIC_CONFIG_FILE"):
+    os.environ.pop(_name, None)
+
+import aibrix_kvcache.cache_manager as _cache_manager  # noqa: E402
+
+import aibrix_eic  # noqa: E402
+from aibrix_eic.config import ENV_CONFIG, ENV_CONFIG_UPSTREAM  # noqa: E402
+from aibrix_eic.engine import reset_stores  # noqa: E402
+
+# CPU-only torch cannot pin memory (shared/docs/aibrix-integration.md 3).
+_cache_manager.TESTING_DISABLE_PIN_MEMORY = True
+# Route AIBrix's EIC backend to us even when the .pth hook is disabled.
+aibrix_eic.install()
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--eic-config",
+        action="store",
+        default=None,
+        help="YAML config of a real EIC cluster (remote_url: eic://...): the SDK "
+        "conformance suite then also runs against the vendor SDK",
+    )
+
+
+@pytest.fixture(autouse=True)
+def fresh_engine(monkeypatch):
+    """Every test starts with no engine stores and no EIC config in env."""
+    reset_stores()
+    monkeypatch.delenv(ENV_CONFIG, raising=False)
+    monkeypatch.delenv(ENV_CONFIG_UPSTREAM, raising=False)
+    yield
+    reset_stores()
+
+
+@dataclass
+class SdkTarget:
+    """An SDK module plus what Client.init needs to reach a store."""
+
+    name: str  # "engine" or "eic"
+    module: ModuleType
+    instance_id: str
+    endpoint: str
+    namespace: str = ""
+    is_engine: bool = True
+
+    def client(self):
+        client = self.module.Client()
+        option = self.module.InitOption()
+        option.log_level = self.module.LogLevel(1)
+        option.transport_type = self.module.TransportType(3)
+        assert client.init(self.instance_id, self.endpoint, option) == 0
+        return client
+
+
+@pytest.fixture(params=["engine", "eic"])
+def sdk_target(request) -> SdkTarget:
+    """The embedded engine always; the vendor SDK with --eic-config FILE."""
+    if request.param == "engine":
+        import aibrix_eic.engine as engine
+
+        return SdkTarget("engine", engine, "test-instance", "conformance")
+    path = request.config.getoption("--eic-config")
+    if not path:
+        pytest.skip("vendor SDK conformance needs --eic-config FILE")
+    from aibrix_eic.config import EICConfig
+    from aibrix_eic.sdk import load_sdk_module
+
+    config = EICConfig.load(path)
+    module = load_sdk_module(config)
+    return SdkTarget(
+        "eic",
+        module,
+        config.eic_instance_id,
+        config.endpoint,
+        namespace=config.eic_kv_ns,
+        is_engine=module.__name__.startswith("aibrix_eic"),
+    )

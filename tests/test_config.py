@@ -1,0 +1,197 @@
+"""Config loading: upstream YAML accepted unchanged, every mistake named."""
+
+import os
+
+import pytest
+
+from aibrix_eic.config import DEFAULT_SOURCE, ConfigError, EICConfig, config_path_from_env
+from harness import write_config
+
+UPSTREAM_YAML = """\
+remote_url: "eic://192.168.12.62:12500"
+eic_instance_id: "6c9c2a3e-0000-4000-8000-000000000000"
+eic_thread_num: 6
+eic_log_dir: "{log_dir}"
+eic_log_level: 1
+eic_trans_type: 3
+eic_kv_ttl: -1
+eic_kv_ns: "aibrix"
+eic_flag_file: null
+"""
+
+
+def load_text(tmp_path, text: str) -> EICConfig:
+    path = tmp_path / "eic.yaml"
+    path.write_text(text)
+    return EICConfig.load(str(path))
+
+
+def error_of(tmp_path, text: str) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_text(tmp_path, text)
+    return info.value
+
+
+def test_upstream_yaml_loads_unchanged(tmp_path):
+    config = load_text(tmp_path, UPSTREAM_YAML.format(log_dir=tmp_path / "logs"))
+    assert config.remote_url == "eic://192.168.12.62:12500"
+    assert config.endpoint == "192.168.12.62:12500"
+    assert config.scheme == "eic"
+    assert config.eic_kv_ns == "aibrix"
+    assert config.eic_thread_num == 6
+    assert config.eic_flag_file is None
+
+
+def test_defaults_use_the_embedded_engine():
+    config = EICConfig()
+    assert config.uses_embedded_engine
+    assert config.source == DEFAULT_SOURCE
+
+
+def test_local_url_with_engine_parameters(tmp_path):
+    config = load_text(tmp_path, "remote_url: local://bench?capacity=1GiB&latency=1ms\n")
+    assert config.uses_embedded_engine
+    assert config.endpoint == "bench?capacity=1GiB&latency=1ms"
+
+
+def test_sizes_accept_units(tmp_path):
+    config = load_text(tmp_path, "remote_url: local://\nmax_value_bytes: 2MiB\nblock_nbytes: 65536\n")
+    assert config.max_value_bytes == 2 * 1024 * 1024
+    assert config.block_nbytes == 65536
+
+
+def test_missing_file_names_the_file(tmp_path):
+    path = str(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError) as info:
+        EICConfig.load(path)
+    assert path in str(info.value) and "does not exist" in str(info.value)
+
+
+def test_unparsable_yaml_names_the_file_and_line(tmp_path):
+    error = error_of(tmp_path, "remote_url: local://\neic_kv_ns: [unclosed\n")
+    assert str(tmp_path / "eic.yaml") in str(error)
+    assert "not valid YAML" in str(error) and "line" in str(error)
+
+
+def test_yaml_that_is_not_a_mapping_is_rejected(tmp_path):
+    error = error_of(tmp_path, "- remote_url\n- local://\n")
+    assert "expected a mapping" in str(error)
+
+
+def test_empty_file_is_rejected(tmp_path):
+    assert "is empty" in str(error_of(tmp_path, ""))
+
+
+def test_missing_remote_url_is_named(tmp_path):
+    error = error_of(tmp_path, "eic_kv_ns: a\n")
+    assert error.key == "remote_url" and "required" in str(error)
+
+
+@pytest.mark.parametrize(
+    "line, key, expected",
+    [
+        ("eic_thread_num: six", "eic_thread_num", "expected an integer, got str"),
+        ("eic_thread_num: true", "eic_thread_num", "expected an integer, got bool"),
+        ("eic_thread_num: 0", "eic_thread_num", "expected an integer >= 1"),
+        ("eic_kv_ns: 7", "eic_kv_ns", "expected a string, got int"),
+        ("eic_kv_ttl: 1.5", "eic_kv_ttl", "expected an integer, got float"),
+        ("get_timeout_ms: fast", "get_timeout_ms", "expected a number, got str"),
+        ("get_timeout_ms: 0", "get_timeout_ms", "expected a number > 0"),
+        ("fail_open: yes please", "fail_open", "expected true or false, got str"),
+        ("max_value_bytes: lots", "max_value_bytes", "expected a size"),
+        ("batch_keys: []", "batch_keys", "expected an integer, got list"),
+    ],
+)
+def test_wrong_type_names_file_key_and_expected_type(tmp_path, line, key, expected):
+    error = error_of(tmp_path, f"remote_url: local://\n{line}\n")
+    assert error.key == key
+    assert expected in str(error)
+    assert str(tmp_path / "eic.yaml") in str(error)
+
+
+@pytest.mark.parametrize(
+    "key, suggestion",
+    [("eic_kv_nss", "eic_kv_ns"), ("get_timeout", "get_timeout_ms"), ("remote_ur", "remote_url")],
+)
+def test_unknown_key_suggests_the_closest(tmp_path, key, suggestion):
+    error = error_of(tmp_path, f"remote_url: local://\n{key}: 1\n")
+    assert error.key == key
+    assert f"did you mean {suggestion!r}" in str(error)
+
+
+def test_sglang_namespace_key_points_to_ours(tmp_path):
+    error = error_of(tmp_path, "remote_url: local://\neic_namespace: a\n")
+    assert "use eic_kv_ns" in str(error)
+
+
+@pytest.mark.parametrize(
+    "url, fragment",
+    [
+        ("http://host:1", "expected eic://host:port or local://"),
+        ("host:12500", "expected eic://host:port or local://"),
+        ("eic://", "eic:// needs a host:port"),
+        ("local://?capacity=huge", "capacity"),
+        ("local://?latnecy=1ms", "did you mean 'latency'"),
+    ],
+)
+def test_bad_url_is_named(tmp_path, url, fragment):
+    error = error_of(tmp_path, f"remote_url: '{url}'\neic_instance_id: x\n")
+    assert error.key == "remote_url"
+    assert fragment in str(error)
+
+
+def test_eic_url_needs_an_instance_id(tmp_path):
+    error = error_of(tmp_path, "remote_url: eic://10.0.0.1:12500\n")
+    assert error.key == "eic_instance_id"
+
+
+@pytest.mark.parametrize("ttl", [0, -2])
+def test_ttl_must_be_minus_one_or_positive(tmp_path, ttl):
+    error = error_of(tmp_path, f"remote_url: local://\neic_kv_ttl: {ttl}\n")
+    assert error.key == "eic_kv_ttl"
+
+
+def test_missing_flag_file_is_named(tmp_path):
+    error = error_of(tmp_path, f"remote_url: local://\neic_flag_file: {tmp_path / 'flags'}\n")
+    assert error.key == "eic_flag_file" and "does not exist" in str(error)
+
+
+def test_log_dir_that_is_a_file_is_rejected(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    error = error_of(tmp_path, f"remote_url: local://\neic_log_dir: {afile}\n")
+    assert error.key == "eic_log_dir"
+
+
+def test_backoff_cap_below_base_is_rejected(tmp_path):
+    error = error_of(tmp_path, "remote_url: local://\nretry_backoff_ms: 10\nretry_backoff_max_ms: 5\n")
+    assert error.key == "retry_backoff_max_ms"
+
+
+def test_eic_url_without_sdk_names_what_to_install(tmp_path):
+    from aibrix_eic.sdk import load_sdk_module
+
+    config = load_text(tmp_path, "remote_url: eic://10.0.0.1:12500\neic_instance_id: x\n")
+    with pytest.raises(ConfigError) as info:
+        load_sdk_module(config)
+    message = str(info.value)
+    assert "needs the EIC Python SDK" in message
+    assert "pip install" in message and "eic-1.5.2" in message
+    assert "local://" in message
+
+
+def test_env_prefers_our_variable_then_upstream(tmp_path):
+    ours = write_config(str(tmp_path / "ours.yaml"), remote_url="local://ours")
+    theirs = write_config(str(tmp_path / "theirs.yaml"), remote_url="local://theirs")
+    env = {"AIBRIX_KV_CACHE_OL_EIC_CONFIG_FILE": theirs}
+    assert config_path_from_env(env) == theirs
+    env["AIBRIX_KV_CACHE_OL_EIC_CONFIG"] = ours
+    assert config_path_from_env(env) == ours
+    assert EICConfig.from_env(env).remote_url == "local://ours"
+    assert EICConfig.from_env({}) == EICConfig()
+
+
+def test_config_file_is_the_only_reader(tmp_path):
+    # from_mapping validates without touching the file system for local://.
+    config = EICConfig.from_mapping({"remote_url": "local://x"}, source="inline")
+    assert config.source == "inline" and not os.path.exists("inline")

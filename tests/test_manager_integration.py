@@ -1,0 +1,105 @@
+"""EICConnector under AIBrix's BaseKVCacheManager: the object vLLM's AIBrix
+connectors build in each TP rank."""
+
+import pytest
+import torch
+
+from aibrix_eic.connector import EICConnector
+from aibrix_eic.engine import get_store
+from harness import BLOCK_NTOKENS, block_layout, block_spec, make_manager, manager_env, pattern, tokens, use_config
+
+
+@pytest.fixture(params=["compact", "token-validation"])
+def manager(request, monkeypatch, tmp_path):
+    with block_layout(compact=request.param == "compact"):
+        manager_env(monkeypatch)
+        use_config(monkeypatch, tmp_path, remote_url="local://mgr", batch_keys=8)
+        cache = make_manager(block_spec())
+        try:
+            yield cache
+        finally:
+            cache.close()
+
+
+def connector_of(cache) -> EICConnector:
+    return cache._l2_cache._backend
+
+
+def offload(cache, query, seed: int) -> int:
+    """allocate_for -> copy in -> put, as vLLM's send path does."""
+    handle = cache.allocate_for(None, query).get()
+    nbytes = cache.block_spec.block_nbytes
+    for i, tensor in enumerate(handle.to_tensors()):
+        tensor.view(torch.uint8).view(-1).copy_(pattern(seed, i, nbytes))
+    status = cache.put(None, query, handle)
+    assert status.is_ok(), status
+    return status.get()
+
+
+def reload(cache, query, seed: int) -> tuple[int, bool]:
+    """acquire -> check every byte -> release, as vLLM's receive path does."""
+    status = cache.acquire(None, query)
+    if not status.is_ok():
+        return 0, True
+    ntokens, handle = status.get()
+    nbytes = cache.block_spec.block_nbytes
+    try:
+        exact = all(
+            torch.equal(tensor.view(torch.uint8).view(-1), pattern(seed, i, nbytes))
+            for i, tensor in enumerate(handle.to_tensors())
+        )
+    finally:
+        handle.release()
+    return ntokens, exact
+
+
+def test_manager_builds_our_connector_and_registers_its_slabs(manager):
+    conn = connector_of(manager)
+    assert isinstance(conn, EICConnector)
+    assert conn.health()["registered_regions"] == len(manager._allocator.slabs) > 0
+
+
+def test_offload_and_reload_bit_exact(manager):
+    query = tokens(40, seed=1)
+    assert offload(manager, query, seed=1) == 40 * BLOCK_NTOKENS
+    assert manager.exists(None, query).get() == 40 * BLOCK_NTOKENS
+    ntokens, exact = reload(manager, query, seed=1)
+    assert ntokens == 40 * BLOCK_NTOKENS and exact
+
+
+def test_deleted_block_in_the_middle_reloads_only_the_prefix(manager):
+    query = tokens(40, seed=2)
+    offload(manager, query, seed=2)
+    conn = connector_of(manager)
+    key = list(manager._l2_cache._cache_block_keys(None, query))[23][1]
+    future = __import__("asyncio").run_coroutine_threadsafe(conn.delete(key), manager._event_loop)
+    assert future.result(timeout=10).is_ok()
+    ntokens, exact = reload(manager, query, seed=2)
+    assert ntokens == 23 * BLOCK_NTOKENS
+    assert exact
+
+
+def test_missing_first_block_reloads_nothing(manager):
+    query = tokens(10, seed=3)
+    offload(manager, query, seed=3)
+    get_store("mgr").clear()
+    ntokens, _ = reload(manager, query, seed=3)
+    assert ntokens == 0
+    assert manager.exists(None, query).is_not_found()
+
+
+def test_registered_buffers_are_passed_as_registered(manager, monkeypatch):
+    import aibrix_eic.engine as engine
+
+    flags = []
+    original = engine.Client.mget
+
+    def spy(self, keys, option, vals):
+        flags.extend(registered for _, _, registered in vals)
+        return original(self, keys, option, vals)
+
+    monkeypatch.setattr(engine.Client, "mget", spy)
+    query = tokens(4, seed=4)
+    offload(manager, query, seed=4)
+    reload(manager, query, seed=4)
+    assert flags == [True] * 4
