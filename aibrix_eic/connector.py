@@ -37,14 +37,14 @@ from .codec import KeyCodec
 from .config import ENV_CONFIG, ENV_CONFIG_UPSTREAM, ConfigError, EICConfig, config_path_from_env
 from .logs import RateLimitedLogger
 from .regions import RegisteredRegions
-from .resilience import CircuitBreaker, Deadline, ExponentialBackoff, Prober
+from .resilience import CircuitBreaker, Deadline, ExponentialBackoff, Prober, call_with_timeout
 from .sdk import FAIL, HIT, MISS, CallResult, SdkClient, load_sdk_module
 
 logger = logging.getLogger(__name__)
 
 _OK = Status.ok()
 _MISS = Status(StatusCodes.NOT_FOUND)
-_META_THREADS = 2
+_META_THREADS = 4  # exists, delete: small calls kept off the data pool
 
 
 class _InvalidRequest(Exception):
@@ -234,7 +234,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         if state == CircuitBreaker.OPEN:
             logger.warning(
                 "EIC circuit OPEN for %s (%s): gets and exists return NOT_FOUND, puts are "
-                "skipped, until a probe (every %.1fs) sees EIC answer again",
+                "skipped, until a probe (every %gs) sees EIC answer again",
                 self._config.remote_url,
                 reason,
                 self._config.probe_interval_s,
@@ -332,14 +332,14 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         """One bounded mexist over random keys, so the SDK opens its agent
         connections now rather than on the first request."""
         nkeys = self._config.warmup_keys
-        if nkeys <= 0 or self._meta_pool is None:
+        if nkeys <= 0:
             return
         keys = [f"{self._codec.prefix}w{os.urandom(12).hex()}" for _ in range(nkeys)]
         started = time.perf_counter()
-        future = self._meta_pool.submit(session.client.mexist, keys)
-        try:
-            result = future.result(timeout=self._config.warmup_timeout_ms / 1000)
-        except Exception:
+        finished, result = call_with_timeout(
+            lambda: session.client.mexist(keys), self._config.warmup_timeout_ms / 1000, "aibrix_eic_warmup"
+        )
+        if not finished:
             logger.warning("EIC warm-up did not finish within warmup_timeout_ms=%s", self._config.warmup_timeout_ms)
             return
         logger.info(
@@ -368,15 +368,12 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         return True
 
     def _answers(self, session: _Session) -> bool:
-        pool = self._meta_pool
-        if pool is None:
-            return False
-        try:
-            future = pool.submit(session.client.mexist, [f"{self._codec.prefix}p{os.urandom(8).hex()}"])
-            result = future.result(timeout=self._config.exists_timeout_ms / 1000)
-        except Exception:
-            return False
-        return not result.whole_call_failed
+        # Own thread, not a pool: hung calls may be holding every pool thread.
+        probe_key = f"{self._codec.prefix}p{os.urandom(8).hex()}"
+        finished, result = call_with_timeout(
+            lambda: session.client.mexist([probe_key]), self._config.exists_timeout_ms / 1000, "aibrix_eic_probe_call"
+        )
+        return finished and not result.whole_call_failed
 
     # -------------------------------------------------------- registration
     def register_slabs(self, slabs: List[torch.Tensor]) -> Status:

@@ -29,6 +29,16 @@ class Deadline:
         return time.monotonic() >= self.at
 
 
+def call_with_timeout(fn: Callable[[], object], timeout_s: float, name: str) -> tuple[bool, object]:
+    """Run fn on a fresh daemon thread; (finished, result). A call that hangs
+    is abandoned, so a stuck SDK cannot stall the caller or a shared pool."""
+    box: list = []
+    thread = threading.Thread(target=lambda: box.append(fn()), name=name, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return (True, box[0]) if box else (False, None)
+
+
 class ExponentialBackoff:
     """Equal-jitter exponential backoff: half fixed, half random, capped."""
 

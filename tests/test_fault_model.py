@@ -1,0 +1,161 @@
+"""Model-based test: the connector on a faulty engine never serves wrong bytes.
+
+A hypothesis state machine drives EICConnector against a dict model while
+switching every fault knob of the engine at random: latency past the
+deadline, whole-call FAILED, per-key PARTIAL_FAILED, unreachable, phantom
+exists. Invariant: every get reported OK returned exactly the bytes of the
+last put of that key that may have been stored.
+
+"May have been stored": a put reported OK definitely stored its value; a put
+that failed or timed out may or may not have (the SDK call can land after the
+deadline), so its value stays acceptable until a later definite outcome.
+After each step the rig waits until no SDK call is in flight, so a late write
+can never land after a later step; that keeps the model exact. Misses are
+always allowed: losing cache entries is fine, serving wrong KV is not.
+"""
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+
+from aibrix_eic.engine import get_store, reset_stores
+from connector_tools import ConnectorRig
+
+KEYS = [bytes([i]) * 16 for i in range(4)]
+BLOCK = 2048
+# What the run exercised, so the test proves it met the faults it claims to.
+COVERAGE: dict[str, int] = {}
+
+
+def _count(name: str, amount: int = 1) -> None:
+    COVERAGE[name] = COVERAGE.get(name, 0) + amount
+
+
+class FaultyConnectorMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        reset_stores()
+        self.rig = ConnectorRig(
+            block_nbytes=BLOCK,
+            remote_url="local://model?seed=7",
+            batch_keys=2,
+            get_timeout_ms=25,
+            put_timeout_ms=25,
+            exists_timeout_ms=25,
+            delete_timeout_ms=25,
+            retry_attempts=2,
+            retry_backoff_ms=1,
+            retry_backoff_max_ms=2,
+            breaker_failures=3,
+            probe_interval_s=0.02,
+        ).open()
+        self.store = get_store("model")
+        # key -> the values a successful get may return
+        self.acceptable: dict[bytes, set[bytes]] = {}
+        self.version = 0
+
+    def teardown(self) -> None:
+        health = self.rig.conn.health()
+        for name in ("timeouts", "breaker_trips", "retries", "fast_fails"):
+            _count(name, health[name])
+        self.store.faults.clear()
+        self.rig.close()
+
+    def _payload(self) -> bytes:
+        self.version += 1
+        return self.version.to_bytes(4, "little") * (BLOCK // 4)
+
+    def _step(self) -> None:
+        _count("steps")
+        self.rig.quiesce()
+
+    @initialize()
+    def start_healthy(self) -> None:
+        self.store.faults.clear()
+
+    @rule(
+        latency_ms=st.sampled_from([0, 0, 1, 40]),
+        fail_rate=st.sampled_from([0.0, 0.0, 0.0, 0.3, 1.0]),
+        key_fail_rate=st.sampled_from([0.0, 0.0, 0.3]),
+        unreachable=st.sampled_from([False, False, False, True]),
+        phantom_rate=st.sampled_from([0.0, 0.5]),
+    )
+    def set_faults(self, latency_ms, fail_rate, key_fail_rate, unreachable, phantom_rate) -> None:
+        faults = self.store.faults
+        faults.latency_s = latency_ms / 1000
+        faults.fail_rate = fail_rate
+        faults.key_fail_rate = key_fail_rate
+        faults.unreachable = unreachable
+        faults.phantom_rate = phantom_rate
+        self._step()
+
+    @rule()
+    def heal(self) -> None:
+        self.store.faults.clear()
+        self._step()
+
+    @rule(keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=4, unique=True))
+    def put(self, keys) -> None:
+        payloads = [self._payload() for _ in keys]
+        mrs = self.rig.filled(payloads)
+        result = self.rig.run(self.rig.conn.mput(keys, mrs))
+        self.rig.release(mrs)
+        self._step()
+        stored = isinstance(result, list) and all(status.is_ok() for status in result)
+        if not isinstance(result, list):
+            assert not result.is_ok(), "a single Status from mput is always a failure"
+        for key, payload in zip(keys, payloads):
+            if stored:
+                self.acceptable[key] = {payload}
+            else:
+                self.acceptable.setdefault(key, set()).add(payload)
+
+    @rule(keys=st.one_of(st.permutations(KEYS), st.lists(st.sampled_from(KEYS), min_size=1, max_size=3)))
+    def get(self, keys) -> None:
+        mrs = self.rig.blocks(len(keys))
+        statuses = self.rig.run(self.rig.conn.mget(keys, mrs))
+        self._step()
+        assert isinstance(statuses, list) and len(statuses) == len(keys)
+        oks = [status.is_ok() for status in statuses]
+        assert oks == sorted(oks, reverse=True), f"not prefix-closed: {statuses}"
+        for key, mr, ok in zip(keys, mrs, oks):
+            if ok:
+                assert self.rig.read(mr) in self.acceptable.get(key, set()), "served bytes never stored"
+                _count("ok_gets_checked")
+        if not all(oks) and any(oks):
+            _count("partial_gets")
+        self.rig.release(mrs)
+
+    @rule(key=st.sampled_from(KEYS))
+    def exists(self, key) -> None:
+        status = self.rig.run(self.rig.conn.exists(key))
+        self._step()
+        assert status.is_ok() or status.is_not_found() or status.is_error() or status.is_timeout()
+
+    @rule(key=st.sampled_from(KEYS))
+    def delete(self, key) -> None:
+        status = self.rig.run(self.rig.conn.delete(key))
+        self._step()
+        if status.is_ok() or status.is_not_found():
+            self.acceptable[key] = set()
+
+    @invariant()
+    def breaker_state_is_reported(self) -> None:
+        assert self.rig.conn.health()["breaker"] in ("open", "closed")
+
+
+def test_connector_never_serves_wrong_bytes_under_faults():
+    COVERAGE.clear()
+    run_state_machine_as_test(
+        FaultyConnectorMachine,
+        settings=settings(
+            max_examples=60,
+            stateful_step_count=25,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            derandomize=True,
+        ),
+    )
+    assert COVERAGE["steps"] >= 1000, COVERAGE
+    for exercised in ("ok_gets_checked", "partial_gets", "timeouts", "breaker_trips", "retries", "fast_fails"):
+        assert COVERAGE.get(exercised, 0) > 0, f"the run never exercised {exercised}: {COVERAGE}"
