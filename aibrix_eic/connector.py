@@ -44,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 _OK = Status.ok()
 _MISS = Status(StatusCodes.NOT_FOUND)
+_PUT_SKIPPED = Status(StatusCodes.ERROR, "put skipped: EIC circuit is open (EIC unavailable)")
+_DELETE_SKIPPED = Status(StatusCodes.ERROR, "delete skipped: EIC circuit is open (EIC unavailable)")
 _META_THREADS = 4  # exists, delete: small calls kept off the data pool
 
 
@@ -425,10 +427,6 @@ class EICConnector(Connector[bytes, torch.Tensor]):
 
     def _buffers(self, keys: Sequence[Any], mrs: Sequence[Any], for_put: bool) -> list[tuple[int, int, bool]]:
         """(addr, nbytes, registered) for each MR, after checking the request."""
-        if len(keys) == 0:
-            raise _InvalidRequest("empty request: no keys")
-        if len(keys) != len(mrs):
-            raise _InvalidRequest(f"{len(keys)} keys but {len(mrs)} memory regions")
         compact = MemoryRegion.use_compact_layout()
         block_nbytes = self._block_nbytes
         max_nbytes = self._config.max_value_bytes
@@ -629,12 +627,15 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         refusal = self._refusal()
         if refusal is not None:
             return refusal
-        buffers = self._buffers(keys, mrs, for_put=False)
-        eic_keys = self._encode_keys(keys)
+        _check_lengths(keys, mrs)
         session = self._session
         if self._breaker.is_open or session is None:
+            # Checked before per-block work: this is the whole cost of a get
+            # while EIC is down.
             self._counters.add(fast_fails=1)
             return [_MISS] * len(keys)
+        buffers = self._buffers(keys, mrs, for_put=False)
+        eic_keys = self._encode_keys(keys)
         timeout_ms = self._config.get_timeout_ms
         deadline = Deadline(timeout_ms / 1000)
         chunks = self._chunks(eic_keys, buffers, mrs)
@@ -726,12 +727,13 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         refusal = self._refusal()
         if refusal is not None:
             return refusal
-        buffers = self._buffers(keys, mrs, for_put=True)
-        eic_keys = self._encode_keys(keys)
+        _check_lengths(keys, mrs)
         session = self._session
         if self._breaker.is_open or session is None:
             self._counters.add(fast_fails=1)
-            return Status(StatusCodes.ERROR, "put skipped: EIC circuit is open (EIC unavailable)")
+            return _PUT_SKIPPED
+        buffers = self._buffers(keys, mrs, for_put=True)
+        eic_keys = self._encode_keys(keys)
         timeout_ms = self._config.put_timeout_ms
         deadline = Deadline(timeout_ms / 1000)
         chunks = self._chunks(eic_keys, buffers, mrs)
@@ -763,7 +765,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         session = self._session
         if self._breaker.is_open or session is None:
             self._counters.add(fast_fails=1)
-            return Status(StatusCodes.ERROR, "delete skipped: EIC circuit is open (EIC unavailable)")
+            return _DELETE_SKIPPED
         timeout_ms = self._config.delete_timeout_ms
         chunks = self._chunks(eic_keys, None, None)
         work = functools.partial(
@@ -772,6 +774,13 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         await self._run(self._meta_pool, work, chunks, Deadline(timeout_ms / 1000), "delete", timeout_ms)
         self._counters.add(deletes=1)
         return self._statuses(chunks, "delete", timeout_ms)[0]
+
+
+def _check_lengths(keys: Sequence[Any], mrs: Sequence[Any]) -> None:
+    if len(keys) == 0:
+        raise _InvalidRequest("empty request: no keys")
+    if len(keys) != len(mrs):
+        raise _InvalidRequest(f"{len(keys)} keys but {len(mrs)} memory regions")
 
 
 def _prefix_close(statuses: list[Status]) -> int:
