@@ -23,7 +23,7 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any, Callable, List, Sequence, Tuple
 
@@ -36,6 +36,7 @@ from .aibrix_compat import restore_packed_tokens
 from .codec import KeyCodec
 from .config import ENV_CONFIG, ENV_CONFIG_UPSTREAM, ConfigError, EICConfig, config_path_from_env
 from .logs import RateLimitedLogger
+from .pool import GET_PRIORITY, PUT_PRIORITY, PriorityThreadPool
 from .regions import RegisteredRegions
 from .resilience import CircuitBreaker, Deadline, ExponentialBackoff, Prober, call_with_timeout
 from .sdk import FAIL, HIT, MISS, CallResult, SdkClient, load_sdk_module
@@ -159,8 +160,8 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         self._state_lock = threading.RLock()
         self._is_open = False
         self._session: _Session | None = None
-        self._data_pool: ThreadPoolExecutor | None = None
-        self._meta_pool: ThreadPoolExecutor | None = None
+        self._data_pool: PriorityThreadPool | None = None
+        self._meta_pool: PriorityThreadPool | None = None
         self._block_nbytes = self._config.block_nbytes
         self._exists_batches: dict[asyncio.AbstractEventLoop, tuple[list, list]] = {}
         self._background: set[asyncio.Task] = set()
@@ -255,8 +256,8 @@ class EICConnector(Connector[bytes, torch.Tensor]):
                     return Status(StatusCodes.INVALID, str(self._config_error))
                 if self._is_open:
                     return _OK
-                self._data_pool = ThreadPoolExecutor(self._config.eic_thread_num, "aibrix_eic_data")
-                self._meta_pool = ThreadPoolExecutor(_META_THREADS, "aibrix_eic_meta")
+                self._data_pool = PriorityThreadPool(self._config.eic_thread_num, "aibrix_eic_data")
+                self._meta_pool = PriorityThreadPool(_META_THREADS, "aibrix_eic_meta")
                 session, error = self._connect()
                 if session is None and not self._config.fail_open:
                     self._shutdown_pools()
@@ -306,7 +307,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
     def _shutdown_pools(self) -> None:
         for pool in (self._data_pool, self._meta_pool):
             if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
+                pool.shutdown()
         self._data_pool = self._meta_pool = None
 
     def _connect(self) -> tuple[_Session | None, str]:
@@ -533,12 +534,13 @@ class EICConnector(Connector[bytes, torch.Tensor]):
 
     async def _run(
         self,
-        pool: ThreadPoolExecutor | None,
+        pool: PriorityThreadPool | None,
         work: Callable[[_Chunk, Deadline], None],
         chunks: list[_Chunk],
         deadline: Deadline,
         op: str,
         timeout_ms: float,
+        priority: int = GET_PRIORITY,
     ) -> bool:
         """Run chunks concurrently; True when the deadline passed first.
 
@@ -553,7 +555,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         futures = []
         try:
             for chunk in chunks:
-                future = pool.submit(self._run_chunk, work, chunk, deadline)
+                future = pool.submit(self._run_chunk, work, chunk, deadline, priority=priority)
                 future.add_done_callback(chunk.release_if_cancelled)
                 futures.append(future)
         except RuntimeError:  # pool shut down by close()
@@ -738,7 +740,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         deadline = Deadline(timeout_ms / 1000)
         chunks = self._chunks(eic_keys, buffers, mrs)
         work = functools.partial(self._call_with_retry, session.client.mset, retryable=self._failed)
-        await self._run(self._data_pool, work, chunks, deadline, "put", timeout_ms)
+        await self._run(self._data_pool, work, chunks, deadline, "put", timeout_ms, PUT_PRIORITY)
         statuses = self._statuses(chunks, "put", timeout_ms)
         stored = sum(1 for status in statuses if status.is_ok())
         self._counters.add(puts=1, put_blocks=len(keys), put_failures=len(keys) - stored)

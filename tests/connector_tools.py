@@ -59,7 +59,7 @@ class ConnectorRig:
         for pool in (self.conn._data_pool, self.conn._meta_pool):
             if pool is None:
                 continue
-            nthreads = pool._max_workers
+            nthreads = pool.max_workers
             barrier = threading.Barrier(nthreads + 1)
             for _ in range(nthreads):
                 pool.submit(barrier.wait, timeout)
