@@ -47,6 +47,7 @@ _OK = Status.ok()
 _MISS = Status(StatusCodes.NOT_FOUND)
 _PUT_SKIPPED = Status(StatusCodes.ERROR, "put skipped: EIC circuit is open (EIC unavailable)")
 _DELETE_SKIPPED = Status(StatusCodes.ERROR, "delete skipped: EIC circuit is open (EIC unavailable)")
+_MR_TYPES: set[type] = set()  # MemoryRegion subclasses seen; ABC isinstance is slow
 _META_THREADS = 4  # exists, delete: small calls kept off the data pool
 
 
@@ -436,11 +437,14 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         mark_registered = session is not None and session.registered and (self._config.put_registered or not for_put)
         require = self._config.require_registration
         buffers = []
+        known_types = _MR_TYPES
         for i, mr in enumerate(mrs):
-            if not isinstance(mr, MemoryRegion):
-                raise _InvalidRequest(
-                    f"mrs[{i}] is a {type(mr).__name__}, expected a MemoryRegion (GDR MR lists are not supported)"
-                )
+            if type(mr) not in known_types:
+                if not isinstance(mr, MemoryRegion):
+                    raise _InvalidRequest(
+                        f"mrs[{i}] is a {type(mr).__name__}, expected a MemoryRegion (GDR MR lists are not supported)"
+                    )
+                known_types.add(type(mr))
             nbytes = mr.length
             if nbytes <= 0:
                 raise _InvalidRequest(f"mrs[{i}] is empty")
@@ -584,28 +588,38 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         return True
 
     @staticmethod
-    def _statuses(chunks: list[_Chunk], op: str, timeout_ms: float) -> list[Status]:
-        """Per-key Status from chunk outcomes (None outcomes: not answered)."""
+    def _statuses(chunks: list[_Chunk], op: str, timeout_ms: float) -> tuple[list[Status], int]:
+        """Per-key Status from chunk outcomes (None outcomes: not answered),
+        and the index of the first key that is not OK (len if none)."""
         statuses: list[Status] = []
+        first_bad = -1
         timeout_status = None
         for chunk in chunks:
             outcomes = chunk.outcomes
             if outcomes is None:
                 if timeout_status is None:
                     timeout_status = Status(StatusCodes.TIMEOUT, f"{op} exceeded {op}_timeout_ms={timeout_ms:g}")
+                if first_bad < 0:
+                    first_bad = len(statuses)
                 statuses.extend([timeout_status] * len(chunk.keys))
+                continue
+            if MISS not in outcomes and FAIL not in outcomes:
+                statuses.extend([_OK] * len(outcomes))
                 continue
             error_status = None
             for outcome in outcomes:
                 if outcome == HIT:
                     statuses.append(_OK)
-                elif outcome == MISS:
+                    continue
+                if first_bad < 0:
+                    first_bad = len(statuses)
+                if outcome == MISS:
                     statuses.append(_MISS)
                 else:
                     if error_status is None:
                         error_status = Status(StatusCodes.ERROR, f"{op}: {chunk.detail}")
                     statuses.append(error_status)
-        return statuses
+        return statuses, (len(statuses) if first_bad < 0 else first_bad)
 
     # ------------------------------------------------------------ batching
     def get_batches(
@@ -643,8 +657,8 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         chunks = self._chunks(eic_keys, buffers, mrs)
         work = functools.partial(self._call_with_retry, session.client.mget, retryable=self._failed_before_first_miss)
         await self._run(self._data_pool, work, chunks, deadline, "get", timeout_ms)
-        statuses = self._statuses(chunks, "get", timeout_ms)
-        loaded = _prefix_close(statuses)
+        statuses, loaded = self._statuses(chunks, "get", timeout_ms)
+        _close_after(statuses, loaded)
         if loaded and not MemoryRegion.use_compact_layout():
             loaded = self._restore_tokens(mrs, statuses, loaded)
         self._counters.add(gets=1, get_blocks=len(keys), get_hits=loaded)
@@ -658,7 +672,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
             mr = mrs[i]
             if isinstance(mr, ManagedMemoryRegion) and not restore_packed_tokens(mr):
                 statuses[i] = Status(StatusCodes.NOT_FOUND, f"block {i}: stored value has no valid token footer")
-                _prefix_close(statuses)
+                _close_after(statuses, i)
                 return i
         return loaded
 
@@ -721,7 +735,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
 
         await self._run(self._meta_pool, work, chunks, deadline, "exists", timeout_ms)
         self._counters.add(exists=len(eic_keys), exists_calls=len(chunks))
-        return self._statuses(chunks, "exists", timeout_ms)
+        return self._statuses(chunks, "exists", timeout_ms)[0]
 
     # ------------------------------------------------------------- writing
     @_never_raises("mput")
@@ -741,12 +755,11 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         chunks = self._chunks(eic_keys, buffers, mrs)
         work = functools.partial(self._call_with_retry, session.client.mset, retryable=self._failed)
         await self._run(self._data_pool, work, chunks, deadline, "put", timeout_ms, PUT_PRIORITY)
-        statuses = self._statuses(chunks, "put", timeout_ms)
-        stored = sum(1 for status in statuses if status.is_ok())
+        statuses, first = self._statuses(chunks, "put", timeout_ms)
+        stored = len(keys) if first == len(keys) else sum(1 for status in statuses if status.is_ok())
         self._counters.add(puts=1, put_blocks=len(keys), put_failures=len(keys) - stored)
         if stored == len(keys):
             return statuses
-        first = next(i for i, status in enumerate(statuses) if not status.is_ok())
         reason = statuses[first]
         return Status(
             reason.error_code,
@@ -775,7 +788,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         )
         await self._run(self._meta_pool, work, chunks, Deadline(timeout_ms / 1000), "delete", timeout_ms)
         self._counters.add(deletes=1)
-        return self._statuses(chunks, "delete", timeout_ms)[0]
+        return self._statuses(chunks, "delete", timeout_ms)[0][0]
 
 
 def _check_lengths(keys: Sequence[Any], mrs: Sequence[Any]) -> None:
@@ -785,15 +798,12 @@ def _check_lengths(keys: Sequence[Any], mrs: Sequence[Any]) -> None:
         raise _InvalidRequest(f"{len(keys)} keys but {len(mrs)} memory regions")
 
 
-def _prefix_close(statuses: list[Status]) -> int:
-    """Make statuses prefix-closed in place; returns the loaded prefix length."""
-    for i, status in enumerate(statuses):
-        if not status.is_ok():
-            if i + 1 < len(statuses):
-                tail = Status(
-                    StatusCodes.NOT_FOUND,
-                    f"not loaded: block {i} of {len(statuses)} was not ({status.error_code.name})",
-                )
-                statuses[i + 1 :] = [tail] * (len(statuses) - i - 1)
-            return i
-    return len(statuses)
+def _close_after(statuses: list[Status], first_bad: int) -> None:
+    """Make statuses prefix-closed: nothing after the first non-OK is OK."""
+    rest = len(statuses) - first_bad - 1
+    if rest > 0:
+        tail = Status(
+            StatusCodes.NOT_FOUND,
+            f"not loaded: block {first_bad} of {len(statuses)} was not ({statuses[first_bad].error_code.name})",
+        )
+        statuses[first_bad + 1 :] = [tail] * rest

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 import yaml
 from aibrix_kvcache import BaseKVCacheManager, KVCacheConfig, TokenListView
+from aibrix_kvcache.l2.key_builders import KeyBuilder
 from aibrix_kvcache.l2.l2_cache import L2Cache
 from aibrix_kvcache.memory import ManagedMemoryRegion, TensorPoolAllocator
 from aibrix_kvcache.memory import memory_region as _memory_region
@@ -78,7 +79,11 @@ class L2Harness:
     def __init__(self, spec: KVCacheBlockSpec | None = None, op_batch: int = 8, capacity: int = 64 << 20):
         self.spec = spec or block_spec()
         self.executor = ThreadPoolExecutor(8)
-        self.cache = L2Cache("EIC", "SIMPLE", "aibrix", self.spec, self.executor, op_batch=op_batch)
+        # ROLLING_HASH is the cache manager's default: 16-byte keys.
+        key_builder = KeyBuilder.create("ROLLING_HASH", block_size=self.spec.block_ntokens)
+        self.cache = L2Cache(
+            "EIC", "SIMPLE", "aibrix", self.spec, self.executor, op_batch=op_batch, key_builder=key_builder
+        )
         status = self.cache.open()
         assert status.is_ok(), status
         self.allocator = TensorPoolAllocator.create(capacity_nbytes=capacity)
