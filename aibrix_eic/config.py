@@ -85,8 +85,9 @@ class EICConfig:
 
     @property
     def endpoint(self) -> str:
-        """remote_url without its scheme: what Client.init receives."""
-        return self.remote_url.partition("://")[2]
+        """remote_url without its scheme or a trailing slash: what
+        Client.init receives."""
+        return self.remote_url.partition("://")[2].rstrip("/")
 
     @property
     def uses_embedded_engine(self) -> bool:

@@ -5,8 +5,10 @@ module imports aibrix_kvcache.
 """
 
 import os
+import uuid
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -57,15 +59,42 @@ class SdkTarget:
     instance_id: str
     endpoint: str
     namespace: str = ""
+    # A second namespace for isolation tests; on a real cluster namespaces
+    # are provisioned, so it comes from AIBRIX_EIC_TEST_OTHER_NS or is None.
+    other_namespace: str | None = "conformance-other"
     is_engine: bool = True
+    config: Any = None  # the EICConfig of a real cluster, for InitOption
+    # Keys on a shared cluster get a per-run prefix so runs never collide.
+    key_prefix: str = ""
+
+    def init_option(self):
+        """InitOption as callers build it, from the cluster's config if any."""
+        option = self.module.InitOption()
+        if self.config is not None:
+            option.log_dir = self.config.eic_log_dir
+            option.log_level = self.module.LogLevel(self.config.eic_log_level)
+            option.transport_type = self.module.TransportType(self.config.eic_trans_type)
+            option.flag_file = self.config.eic_flag_file
+        else:
+            option.log_level = self.module.LogLevel(1)
+            option.transport_type = self.module.TransportType(3)
+        return option
 
     def client(self):
         client = self.module.Client()
-        option = self.module.InitOption()
-        option.log_level = self.module.LogLevel(1)
-        option.transport_type = self.module.TransportType(3)
-        assert client.init(self.instance_id, self.endpoint, option) == 0
+        assert client.init(self.instance_id, self.endpoint, self.init_option()) == 0
         return client
+
+    def key(self, name: str) -> str:
+        return self.key_prefix + name
+
+    @property
+    def store(self):
+        """The engine's Store behind this target (engine targets only)."""
+        assert self.is_engine, "only the embedded engine has a Store"
+        from aibrix_eic.engine import get_store
+
+        return get_store(self.endpoint)
 
 
 @pytest.fixture(params=["engine", "eic"])
@@ -89,5 +118,8 @@ def sdk_target(request) -> SdkTarget:
         config.eic_instance_id,
         config.endpoint,
         namespace=config.eic_kv_ns,
+        other_namespace=os.environ.get("AIBRIX_EIC_TEST_OTHER_NS") or None,
         is_engine=module.__name__.startswith("aibrix_eic"),
+        config=config,
+        key_prefix=f"aibrix-eic-conformance-{uuid.uuid4().hex[:12]}-",
     )

@@ -48,6 +48,11 @@ def test_defaults_use_the_embedded_engine():
     assert config.source == DEFAULT_SOURCE
 
 
+def test_trailing_slash_is_not_sent_to_the_sdk(tmp_path):
+    config = load_text(tmp_path, "remote_url: eic://10.0.0.1:12500/\neic_instance_id: x\n")
+    assert config.endpoint == "10.0.0.1:12500"
+
+
 def test_local_url_with_engine_parameters(tmp_path):
     config = load_text(tmp_path, "remote_url: local://bench?capacity=1GiB&latency=1ms\n")
     assert config.uses_embedded_engine

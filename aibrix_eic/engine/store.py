@@ -10,10 +10,11 @@ copy finished, so readers never see a half-written value.
 Memory: every buffer the store owns counts in `held_bytes` (published values,
 values being written, unlinked-but-pinned values, and freed buffers kept for
 reuse). Allocation keeps `held_bytes <= capacity` by recycling freed buffers,
-then dropping freed buffers of other sizes, then evicting LRU values. Only
-in-flight writes and pinned reads can push it above capacity, by at most the
-bytes of the calls in flight. Per value the bookkeeping is one small object
-and one index slot (about 250 bytes; see docs/engine.md).
+then dropping freed buffers of other sizes, then evicting LRU values; a write
+that still does not fit fails with OUT_OF_CAPACITY. Only set_capacity can
+leave it above capacity, by what pinned reads and in-flight writes hold until
+they finish. Per value the bookkeeping (value object, numpy header, index
+entry, key) is about 420 bytes; benchmarks/bench_engine.py measures it.
 """
 
 import ctypes
@@ -36,9 +37,9 @@ _memmove = ctypes.memmove
 class _Value:
     __slots__ = ("buf", "addr", "nbytes", "expires_at", "pins", "linked")
 
-    def __init__(self, buf: np.ndarray, nbytes: int) -> None:
+    def __init__(self, buf: np.ndarray, addr: int, nbytes: int) -> None:
         self.buf = buf
-        self.addr: int = buf.ctypes.data
+        self.addr = addr  # buf's data pointer, kept with it: numpy's lookup is slow
         self.nbytes = nbytes
         self.expires_at: float | None = None
         self.pins = 0
@@ -86,7 +87,7 @@ class Store:
         self.stats = StoreStats()
         self._lock = threading.Lock()
         self._index: "OrderedDict[tuple[str, str], _Value]" = OrderedDict()
-        self._free: dict[int, list[np.ndarray]] = {}
+        self._free: dict[int, list[tuple[np.ndarray, int]]] = {}  # nbytes -> (buf, addr)
         self._free_bytes = 0
         self._held_bytes = 0
         self._live_bytes = 0
@@ -126,14 +127,17 @@ class Store:
         with self._lock:
             for value in self._index.values():
                 value.linked = False
+                if value.pins == 0:
+                    value.buf = None  # type: ignore[assignment]
+                    self._held_bytes -= value.nbytes
             self._index.clear()
             self._expiry_heap.clear()
             self._live_bytes = 0
             self._held_bytes -= self._free_bytes
             self._free.clear()
             self._free_bytes = 0
-            # Values still pinned or being written keep their bytes counted
-            # until they are released.
+            # Pinned values keep their bytes counted until their last reader
+            # recycles them; values being written until they are published.
 
     def set_capacity(self, capacity: int) -> None:
         with self._lock:
@@ -283,26 +287,32 @@ class Store:
         if buf is None:
             return
         if self._held_bytes <= self.capacity:
-            self._free.setdefault(value.nbytes, []).append(buf)
+            self._free.setdefault(value.nbytes, []).append((buf, value.addr))
             self._free_bytes += value.nbytes
         else:
             self._held_bytes -= value.nbytes
 
     def _allocate_unsafe(self, nbytes: int) -> _Value | None:
+        if nbytes > self.capacity:
+            return None  # evicting everything would not make it fit
         spare = self._free.get(nbytes)
         if spare:
             self._free_bytes -= nbytes
-            return _Value(spare.pop(), nbytes)
+            buf, addr = spare.pop()
+            if not spare:
+                del self._free[nbytes]  # _make_room_unsafe expects no empty lists
+            return _Value(buf, addr, nbytes)
         reused = self._make_room_unsafe(nbytes)
         if reused is not None:
-            return _Value(reused, nbytes)
+            return _Value(*reused, nbytes)
         if self._held_bytes + nbytes > self.capacity:
             return None
         self._held_bytes += nbytes
         self.stats.allocations += 1
-        return _Value(np.empty(nbytes, dtype=np.uint8), nbytes)
+        buf = np.empty(nbytes, dtype=np.uint8)
+        return _Value(buf, buf.ctypes.data, nbytes)
 
-    def _make_room_unsafe(self, nbytes: int) -> np.ndarray | None:
+    def _make_room_unsafe(self, nbytes: int) -> tuple[np.ndarray, int] | None:
         """Free bytes until `nbytes` more fit under capacity.
 
         Returns an evicted buffer of exactly `nbytes` when one turns up, for
@@ -324,7 +334,7 @@ class Store:
                 continue  # freed by its last reader
             if nbytes and victim.nbytes == nbytes:
                 buf, victim.buf = victim.buf, None
-                return buf
+                return buf, victim.addr
             victim.buf = None
             self._held_bytes -= victim.nbytes
         return None
