@@ -31,8 +31,11 @@ class StringVector(list):
         super().append(key)
 
     def extend(self, keys: Iterable[str]) -> None:  # type: ignore[override]
-        for key in keys:
-            self.append(key)
+        keys = list(keys)
+        if not all(type(key) is str for key in keys):
+            for key in keys:
+                self.append(key)  # raises on the first non-str
+        super().extend(keys)
 
 
 class IOBuffers:
@@ -182,14 +185,41 @@ class Client:
             return _failed(nkeys)
         return store
 
-    def _check_buffers(
-        self, keys: Sequence[str], vals: IOBuffers, codes: list[StatusCode]
-    ) -> None:
+    def _screen(
+        self, store: Store, keys: Sequence[str], vals: IOBuffers, max_value_bytes: int | None
+    ) -> tuple[list[StatusCode], list[int], list[str], list[tuple[int, int]]]:
+        """Per-key checks before the store is touched: bad buffers, memory not
+        registered, oversize values, injected key failures. Returns the codes
+        so far and the (index, key, (addr, length)) of keys that may proceed."""
+        codes = [StatusCode.SUCCESS] * len(keys)
+        faults = store.faults
+        inject = faults.key_fail_rate > 0
+        is_registered = self._is_registered
+        todo_index: list[int] = []
+        todo_keys: list[str] = []
+        todo_buffers: list[tuple[int, int]] = []
         for i, (addr, length, registered) in enumerate(vals):
             if addr <= 0 or length <= 0:
                 codes[i] = StatusCode.INVALID_ARGUMENT
-            elif registered and not self._is_registered(addr, length):
+            elif registered and not is_registered(addr, length):
                 codes[i] = StatusCode.MEMORY_NOT_REGISTERED
+            elif max_value_bytes is not None and length > max_value_bytes:
+                codes[i] = StatusCode.VALUE_TOO_LARGE
+            elif inject and faults.key_fails():
+                codes[i] = StatusCode.FAILED
+            else:
+                todo_index.append(i)
+                todo_keys.append(keys[i])
+                todo_buffers.append((addr, length))
+        return codes, todo_index, todo_keys, todo_buffers
+
+    @staticmethod
+    def _merge(codes: list[StatusCode], todo_index: list[int], store_codes: list[StatusCode]) -> list[StatusCode]:
+        if len(todo_index) == len(codes):
+            return store_codes
+        for i, code in zip(todo_index, store_codes):
+            codes[i] = code
+        return codes
 
     def mset(
         self, keys: Sequence[str], vals: IOBuffers, option: SetOption | None = None
@@ -205,28 +235,10 @@ class Client:
         store = begun
         if not store.has_namespace(option.ns):
             return _failed(len(keys), StatusCode.NAMESPACE_NOT_FOUND)
-        codes = [StatusCode.SUCCESS] * len(keys)
-        self._check_buffers(keys, vals, codes)
-        faults = store.faults
-        todo = []
-        for i, (addr, length, _) in enumerate(vals):
-            if codes[i] != StatusCode.SUCCESS:
-                continue
-            if length > store.max_value_bytes:
-                codes[i] = StatusCode.VALUE_TOO_LARGE
-            elif faults.key_fails():
-                codes[i] = StatusCode.FAILED
-            else:
-                todo.append(i)
-        if todo:
-            stored = store.put_many(
-                option.ns,
-                [keys[i] for i in todo],
-                [(vals[i][0], vals[i][1]) for i in todo],
-                option.ttl_second,
-            )
-            for i, code in zip(todo, stored):
-                codes[i] = code
+        codes, todo_index, todo_keys, todo_buffers = self._screen(store, keys, vals, store.max_value_bytes)
+        if todo_index:
+            stored = store.put_many(option.ns, todo_keys, todo_buffers, option.ttl_second)
+            codes = self._merge(codes, todo_index, stored)
         return overall_status(codes), Outcome(codes)
 
     def mget(
@@ -249,25 +261,10 @@ class Client:
             return status, vals if vals is not None else [], outcome
         if vals is None:
             return self._mget_as_bytes(store, keys, option.ns)
-        codes = [StatusCode.SUCCESS] * len(keys)
-        self._check_buffers(keys, vals, codes)
-        faults = store.faults
-        todo = []
-        for i in range(len(keys)):
-            if codes[i] != StatusCode.SUCCESS:
-                continue
-            if faults.key_fails():
-                codes[i] = StatusCode.FAILED
-            else:
-                todo.append(i)
-        if todo:
-            fetched = store.get_many(
-                option.ns,
-                [keys[i] for i in todo],
-                [(vals[i][0], vals[i][1]) for i in todo],
-            )
-            for i, code in zip(todo, fetched):
-                codes[i] = code
+        codes, todo_index, todo_keys, todo_buffers = self._screen(store, keys, vals, None)
+        if todo_index:
+            fetched = store.get_many(option.ns, todo_keys, todo_buffers)
+            codes = self._merge(codes, todo_index, fetched)
         return overall_status(codes), vals, Outcome(codes)
 
     def _mget_as_bytes(
