@@ -1,0 +1,118 @@
+"""The `aibrix-eic` command (also `python -m aibrix_eic`).
+
+    aibrix-eic check [--config FILE]    is the connector ready? (exit 1 if not)
+    aibrix-eic bench [--config FILE]    offload/reload through AIBrix's cache manager
+
+Argument parsing only; each command lives in its own module and is imported
+when chosen, so `--help` stays fast.
+"""
+
+import argparse
+import sys
+from typing import Sequence
+
+from ..units import parse_size
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _whole_number(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a number >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .shapes import DEFAULT_SHAPE, SHAPES
+
+    parser = argparse.ArgumentParser(
+        prog="aibrix-eic",
+        description="Check and benchmark the EIC L2 connector for AIBrix KV-cache offloading.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{check,bench}")
+
+    config_help = (
+        "the connector's YAML config (default: $AIBRIX_KV_CACHE_OL_EIC_CONFIG, else "
+        "$AIBRIX_KV_CACHE_OL_EIC_CONFIG_FILE, else the embedded engine)"
+    )
+    check = commands.add_parser(
+        "check",
+        help="open the connector as AIBrix would and round-trip a block",
+        description="Open the connector exactly as AIBrix would, register a buffer, round-trip "
+        "put/exists/get/delete, and check the namespace and the TTL. Exit status 0 only if "
+        "every step passed.",
+    )
+    check.add_argument("--config", metavar="FILE", help=config_help)
+    check.add_argument(
+        "--block-size", type=_size, metavar="SIZE", help="bytes of the test block (default: the config's "
+        "block_nbytes, else 2MiB)"
+    )
+    check.add_argument("-v", "--verbose", action="store_true", help="show library logs")
+
+    from ..units import format_size
+
+    shape_lines = "\n".join(
+        f"  {shape.name:<16} {format_size(shape.bytes_per_token)}/token  {shape.description}"
+        for shape in SHAPES.values()
+    )
+    bench = commands.add_parser(
+        "bench",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"model shapes (per TP rank, 16-token blocks, LCND):\n{shape_lines}",
+        help="offload and reload KV blocks through AIBrix's BaseKVCacheManager",
+        description="Drive AIBrix's BaseKVCacheManager (L2 backend EIC, as vLLM's AIBrix "
+        "connectors build it in each TP rank) with a multi-turn workload: offload each "
+        "request's KV blocks, reload them with acquire, verify every byte.",
+    )
+    bench.add_argument("--config", metavar="FILE", help=config_help)
+    bench.add_argument(
+        "--model",
+        choices=sorted(SHAPES),
+        default=DEFAULT_SHAPE,
+        help=f"KV shape of one TP rank (default {DEFAULT_SHAPE})",
+    )
+    bench.add_argument("--tokens", type=_whole_number(1), default=2048, help="prompt tokens per request (default 2048)")
+    bench.add_argument("--requests", type=_whole_number(1), default=8, help="timed requests (default 8)")
+    bench.add_argument(
+        "--warmup", type=_whole_number(0), default=2, help="untimed requests first (default 2)"
+    )
+    bench.add_argument("--seed", type=int, default=0, help="seed of the random prompts and KV bytes")
+    bench.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    bench.add_argument("--plot", metavar="PNG", help="draw throughput and latency plots into this file")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.add_argument("-v", "--verbose", action="store_true", help="show library logs")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    args = build_parser().parse_args(argv)
+
+    from ..plugin import is_installed
+    from .runtime import library_logs, prepare_aibrix
+
+    routed_at_start = is_installed()
+    prepare_aibrix()
+    with library_logs(args.verbose):
+        if args.command == "check":
+            from .check import run_check
+
+            return run_check(args.config, args.block_size, routed_at_start, sys.stdout)
+        from .bench import run_bench
+
+        return run_bench(args, sys.stdout, sys.stderr)
+
+
+__all__ = ["main", "build_parser"]

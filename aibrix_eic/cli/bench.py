@@ -1,0 +1,127 @@
+"""`aibrix-eic bench`: offload and reload KV blocks through AIBrix's
+BaseKVCacheManager on backend EIC, verify every byte, report GB/s, per-call
+latency and the hit rate. Without a config it runs on the embedded engine.
+
+Exit status: 0 on a clean run; 1 when the manager cannot be built, EIC is
+unavailable, nothing was reloaded, or a reloaded byte differs.
+"""
+
+import argparse
+import json
+import time
+from typing import Any, TextIO
+
+from ..config import ENV_CONFIG
+from .driver import ManagerDriver, ManagerUnavailable, RequestResult
+from .progress import ProgressBar
+from .report import render_text, summarize
+from .runtime import scoped_env
+from .shapes import SHAPES
+
+
+def run_bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    shape = SHAPES[args.model]
+    env = {ENV_CONFIG: args.config} if args.config else {}
+    with scoped_env(env):
+        try:
+            driver = ManagerDriver(shape, args.tokens, seed=args.seed)
+        except ValueError as e:
+            print(f"aibrix-eic bench: {e}", file=err)
+            return 2
+        if driver.tokens != args.tokens:
+            print(
+                f"aibrix-eic bench: --tokens {args.tokens} rounded down to {driver.tokens} "
+                f"(whole blocks of {shape.block_ntokens})",
+                file=err,
+            )
+        return _run(driver, args, out, err)
+
+
+def _run(driver: ManagerDriver, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    started = time.perf_counter()
+    try:
+        with driver.opened(args.warmup + args.requests):
+            connector = driver.connector
+            breaker = getattr(connector, "breaker", None)
+            if breaker is not None and breaker.is_open:
+                reason = connector.health().get("breaker_reason", "")
+                print(f"aibrix-eic bench: EIC is unavailable ({reason})", file=err)
+                print("run `aibrix-eic check` (with the same --config) for a diagnosis", file=err)
+                return 1
+            progress = ProgressBar(args.warmup + args.requests, err, enabled=False if args.no_progress else None)
+            results = _drive(driver, args.warmup, args.requests, progress)
+            health = connector.health() if hasattr(connector, "health") else None
+            backend = _backend_info(driver, connector)
+    except ManagerUnavailable as e:
+        print(f"aibrix-eic bench: AIBrix could not build its cache manager: {e}", file=err)
+        print("run `aibrix-eic check` (with the same --config) for a diagnosis", file=err)
+        return 1
+
+    summary = summarize(
+        shape=driver.shape,
+        results=results,
+        backend=backend,
+        connector_health=health,
+        elapsed_s=time.perf_counter() - started,
+        seed=args.seed,
+    )
+    if args.json:
+        print(json.dumps(summary, indent=2), file=out)
+    else:
+        print(render_text(summary), file=out)
+    if args.plot:
+        from .plot import PlotUnavailable, draw
+
+        try:
+            draw(summary, args.plot)
+        except PlotUnavailable as e:
+            print(f"aibrix-eic bench: {e}", file=err)
+            return 1
+        if not args.json:
+            print(f"plot      {args.plot}", file=out)
+    return _exit_status(summary, err)
+
+
+def _drive(driver: ManagerDriver, warmup: int, requests: int, progress: ProgressBar) -> list[RequestResult]:
+    results: list[RequestResult] = []
+    offloaded_bytes = 0
+    put_seconds = 0.0
+    try:
+        for index in range(warmup + requests):
+            is_warmup = index < warmup
+            result = driver.run_request(index, warmup=is_warmup)
+            results.append(result)
+            if is_warmup:
+                note = f"warm-up {index + 1}/{warmup}"
+            else:
+                offloaded_bytes += result.offloaded_tokens * driver.shape.bytes_per_token
+                put_seconds += result.seconds.get("put", 0.0)
+                rate = offloaded_bytes / put_seconds / 1e9 if put_seconds else 0.0
+                note = f"offload {rate:.2f} GB/s"
+            progress.update(index + 1, note)
+    finally:
+        progress.close()
+    return results
+
+
+def _backend_info(driver: ManagerDriver, connector) -> dict[str, Any]:
+    config = getattr(connector, "config", None)
+    kind = type(connector)
+    return {
+        "config": driver.config_path or None,
+        "remote_url": getattr(config, "remote_url", "?"),
+        "embedded_engine": bool(getattr(config, "uses_embedded_engine", False)),
+        "manager": type(driver.manager).__name__,
+        "connector": f"{kind.__module__}.{kind.__qualname__}",
+    }
+
+
+def _exit_status(summary: dict[str, Any], err: TextIO) -> int:
+    if summary["mismatched_blocks"]:
+        print(f"aibrix-eic bench: {summary['mismatched_blocks']} reloaded blocks differ from what was offloaded", file=err)
+        return 1
+    if summary["tokens"]["offered"] and not summary["tokens"]["reloaded"]:
+        first = summary["errors"][0] if summary["errors"] else "every acquire missed"
+        print(f"aibrix-eic bench: nothing was reloaded ({first})", file=err)
+        return 1
+    return 0

@@ -1,0 +1,51 @@
+"""`aibrix-eic bench --plot out.png`: throughput per request and latency per
+operation, from the bench summary. matplotlib is optional (extra `plot`) and
+imported only here, with the file-only Agg backend."""
+
+from typing import Any
+
+
+class PlotUnavailable(RuntimeError):
+    pass
+
+
+def draw(summary: dict[str, Any], path: str) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotUnavailable("--plot needs matplotlib: pip install 'aibrix-eic[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    per_request = summary["per_request"]
+    timed = [r for r in per_request if not r["warmup"]]
+    indexes = [r["index"] for r in timed]
+    model = summary["model"]["name"]
+
+    figure, (throughput, latency) = plt.subplots(1, 2, figsize=(12, 4.5))
+    throughput.plot(indexes, [r["offload_gb_per_s"] for r in timed], marker="o", label="offload (put)")
+    throughput.plot(indexes, [r["reload_gb_per_s"] for r in timed], marker="s", label="reload (acquire)")
+    throughput.set_xlabel("request")
+    throughput.set_ylabel("GB/s")
+    throughput.set_ylim(bottom=0)
+    throughput.set_title(f"Throughput per request ({model}, {summary['workload']['tokens_per_request']} tokens)")
+    throughput.legend()
+    throughput.grid(alpha=0.3)
+
+    ops = [op for op, stats in summary["latency_ms"].items() if stats["count"]]
+    p50 = [summary["latency_ms"][op]["p50"] for op in ops]
+    p99 = [summary["latency_ms"][op]["p99"] for op in ops]
+    positions = range(len(ops))
+    latency.bar([p - 0.2 for p in positions], p50, width=0.4, label="p50")
+    latency.bar([p + 0.2 for p in positions], p99, width=0.4, label="p99")
+    latency.set_xticks(list(positions), ops, rotation=30)
+    latency.set_ylabel("ms per call")
+    latency.set_yscale("log")
+    latency.set_title("Latency per cache-manager call")
+    latency.legend()
+    latency.grid(alpha=0.3, axis="y")
+
+    figure.suptitle(f"aibrix-eic bench: {summary['backend']['remote_url']}", fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

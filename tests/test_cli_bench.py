@@ -1,0 +1,176 @@
+"""`aibrix-eic bench` on small workloads: it runs through AIBrix's real
+BaseKVCacheManager, its JSON has the promised fields, it verifies what it
+reloads, and it fails loudly when EIC is down or returns wrong bytes."""
+
+import ctypes
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from aibrix_eic.cli import main
+from aibrix_eic.cli.progress import ProgressBar
+from aibrix_eic.cli.shapes import SHAPES
+from aibrix_eic.engine.store import Store
+
+from harness import write_config
+
+SMALL = ["--tokens", "64", "--requests", "2", "--warmup", "1", "--no-progress"]
+
+
+def run_bench(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["bench", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_json_has_the_fields(capsys):
+    code, out, _ = run_bench(capsys, *SMALL, "--json")
+    assert code == 0
+    summary = json.loads(out)
+    for direction in ("offload", "reload"):
+        assert summary[direction]["gb_per_s"] > 0
+        assert summary[direction]["bytes"] == 2 * 64 * 131072
+    for op in ("put", "acquire", "lookup", "exists"):
+        latency = summary["latency_ms"][op]
+        assert latency["count"] == 2
+        assert 0 < latency["p50"] <= latency["p99"]
+    assert summary["hit_rate"] == 1.0
+    assert summary["bytes_per_token"] == 131072
+    assert summary["model"]["block_nbytes"] == 2 * 1024**2
+    assert summary["workload"] == {
+        "requests": 2,
+        "warmup_requests": 1,
+        "tokens_per_request": 64,
+        "blocks_per_request": 4,
+        "bytes_per_request": 64 * 131072,
+        "seed": 0,
+    }
+    assert summary["verified_bytes"] == 2 * 64 * 131072
+    assert summary["mismatched_blocks"] == 0
+    assert summary["backend"]["manager"] == "BaseKVCacheManager"
+    assert summary["backend"]["connector"] == "aibrix_eic.connector.EICConnector"
+    assert summary["backend"]["embedded_engine"] is True
+    assert summary["connector_health"]["put_blocks"] == 3 * 4  # warm-up included
+    assert len(summary["per_request"]) == 3
+
+
+def test_seventy_b_tp8_shape_is_forty_kib_per_token(capsys):
+    code, out, _ = run_bench(capsys, "--model", "llama3-70b-tp8", "--tokens", "100", "--requests", "1",
+                             "--warmup", "0", "--json", "--no-progress")
+    assert code == 0
+    summary = json.loads(out)
+    assert summary["bytes_per_token"] == 40 * 1024
+    assert summary["model"]["layers"] == 80 and summary["model"]["kv_heads_per_rank"] == 1
+    # 100 tokens round down to whole 16-token blocks.
+    assert summary["workload"]["tokens_per_request"] == 96
+    assert summary["tokens"]["reloaded"] == 96
+
+
+def test_text_report_and_plot(capsys, tmp_path):
+    png = tmp_path / "bench.png"
+    code, out, _ = run_bench(capsys, *SMALL, "--plot", str(png))
+    assert code == 0
+    assert "offload" in out and "GB/s" in out and "p99" in out
+    assert "hit rate  100.0%" in out
+    assert "0 mismatched blocks" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unreachable_engine_exits_1_and_points_to_check(capsys, tmp_path):
+    path = write_config(str(tmp_path / "eic.yaml"), remote_url="local://down?unreachable=true")
+    code, _, err = run_bench(capsys, *SMALL, "--config", path)
+    assert code == 1
+    assert "EIC is unavailable" in err and "init returned -1" in err
+    assert "aibrix-eic check" in err
+
+
+def test_bad_config_exits_1(capsys, tmp_path):
+    path = write_config(str(tmp_path / "eic.yaml"), remote_url="local://", eic_kv_ttl="soon")
+    code, _, err = run_bench(capsys, *SMALL, "--config", path)
+    assert code == 1
+    assert "eic_kv_ttl" in err
+
+
+def test_corrupted_reload_is_counted_and_fails(capsys, monkeypatch):
+    real_get_many = Store.get_many
+
+    def corrupting_get_many(self, ns, keys, destinations):
+        codes = real_get_many(self, ns, keys, destinations)
+        ctypes.c_ubyte.from_address(destinations[-1][0] + 100).value ^= 0x01
+        return codes
+
+    monkeypatch.setattr(Store, "get_many", corrupting_get_many)
+    code, out, err = run_bench(capsys, *SMALL, "--json")
+    assert code == 1
+    assert json.loads(out)["mismatched_blocks"] >= 2  # one per timed request at least
+    assert "differ" in err
+
+
+def test_a_store_too_small_for_a_request_lowers_the_hit_rate(capsys, tmp_path):
+    # 8 MiB per request into 6 MiB: blocks are evicted (LRU) before they are
+    # reloaded. The bench reports it; it fails only if nothing was reloaded.
+    path = write_config(str(tmp_path / "eic.yaml"), remote_url="local://tiny?capacity=6MiB")
+    code, out, err = run_bench(capsys, *SMALL, "--config", path, "--json")
+    summary = json.loads(out)
+    assert summary["hit_rate"] < 1.0
+    assert summary["mismatched_blocks"] == 0
+    if summary["tokens"]["reloaded"] == 0:
+        assert code == 1 and "nothing was reloaded" in err
+    else:
+        assert code == 0
+
+
+def test_environment_is_restored(capsys):
+    before = dict(os.environ)
+    code, _, _ = run_bench(capsys, *SMALL, "--json")
+    assert code == 0
+    changed = {k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k)}
+    assert changed <= {"TQDM_DISABLE"}, changed
+
+
+def test_progress_bar_draws_in_place():
+    stream = io.StringIO()
+    bar = ProgressBar(3, stream, enabled=True, width=6)
+    for done in (1, 2, 3):
+        bar.update(done, "offload 1.00 GB/s")
+    bar.close()
+    text = stream.getvalue()
+    assert text.count("\r") == 3
+    assert "[######] 3/3" in text and text.endswith("\n")
+
+
+def test_progress_bar_is_silent_when_piped():
+    stream = io.StringIO()  # not a TTY
+    bar = ProgressBar(3, stream)
+    bar.update(1)
+    bar.close()
+    assert stream.getvalue() == ""
+
+
+@pytest.mark.parametrize(
+    "name, bytes_per_token",
+    [("llama3-8b", 128 * 1024), ("llama3-70b-tp8", 40 * 1024), ("llama3-70b-tp4", 80 * 1024), ("qwen2.5-7b", 56 * 1024)],
+)
+def test_shapes_bytes_per_token(name, bytes_per_token):
+    shape = SHAPES[name]
+    assert shape.bytes_per_token == bytes_per_token
+    spec = shape.block_spec(rank=1)
+    assert spec.block_nbytes == shape.block_nbytes
+    # Rank 1 owns the next slice of kv heads, as in vLLM's TP split.
+    assert list(spec.tensor_spec.heads) == list(range(shape.kv_heads_per_rank, 2 * shape.kv_heads_per_rank))
+
+
+def test_console_script_bench_json():
+    script = os.path.join(os.path.dirname(sys.executable), "aibrix-eic")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIBRIX_KV_CACHE_OL_EIC_CONFIG")}
+    done = subprocess.run(
+        [script, "bench", "--tokens", "32", "--requests", "1", "--warmup", "0", "--json"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["hit_rate"] == 1.0
+    assert done.stderr == ""  # no progress bar when piped, no library noise

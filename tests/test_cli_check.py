@@ -1,0 +1,204 @@
+"""`aibrix-eic check`: its verdicts, exit codes and advice against a healthy,
+an unreachable and a faulty engine, bad configs, a missing SDK, and stores
+that lie (wrong bytes, deletes that do nothing, namespaces that leak)."""
+
+import ctypes
+import os
+import subprocess
+import sys
+
+import pytest
+
+import aibrix_eic.engine as engine
+from aibrix_eic.cli import main
+from aibrix_eic.engine.store import Store
+
+from harness import write_config
+
+
+def run_check(capsys, *args: str) -> tuple[int, str]:
+    code = main(["check", *args])
+    return code, capsys.readouterr().out
+
+
+def config_file(tmp_path, **values) -> str:
+    values.setdefault("remote_url", "local://")
+    return write_config(os.path.join(str(tmp_path), "eic.yaml"), **values)
+
+
+def verdict_of(output: str, step: str) -> str:
+    for line in output.splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and fields[1] == step:
+            return fields[0]
+    raise AssertionError(f"no line for step {step!r} in:\n{output}")
+
+
+STEPS = (
+    "config", "sdk", "connector", "open", "register", "put", "exists", "get",
+    "delete", "exists-after-delete", "namespace", "ttl", "close",
+)
+
+
+def test_healthy_embedded_engine_passes_every_step(capsys):
+    code, out = run_check(capsys)
+    assert code == 0, out
+    for step in STEPS:
+        assert verdict_of(out, step) == "PASS", out
+    assert "verdict: PASS" in out
+    assert "no config file" in out  # says it checked the embedded engine
+    assert " ms " in out  # every step shows its latency
+
+
+def test_check_leaves_no_keys_behind(capsys):
+    code, out = run_check(capsys)
+    assert code == 0, out
+    assert engine.get_store("default").keys() == []
+
+
+def test_ttl_and_namespace_from_the_config_are_checked(capsys, tmp_path):
+    path = config_file(tmp_path, remote_url="local://ttl-check", eic_kv_ttl=5, eic_kv_ns="prod")
+    code, out = run_check(capsys, "--config", path)
+    assert code == 0, out
+    assert "eic_kv_ttl=5" in out
+    assert "namespace 'prod' is isolated" in out
+    assert engine.get_store("ttl-check").keys() == []
+
+
+def test_unreachable_engine_fails_open_with_the_reason(capsys, tmp_path):
+    path = config_file(tmp_path, remote_url="local://down?unreachable=true")
+    code, out = run_check(capsys, "--config", path)
+    assert code == 1
+    assert verdict_of(out, "open") == "FAIL"
+    assert verdict_of(out, "put") == "SKIP"
+    assert "verdict: FAIL at open: init returned -1" in out
+    assert "unreachable" in out
+    assert "fix: remote_url asks the embedded engine to act unreachable" in out
+
+
+def test_unreachable_cluster_names_the_address_to_check(capsys, tmp_path, monkeypatch):
+    # The engine stands in for the vendor SDK behind eic://, as in production.
+    monkeypatch.setitem(sys.modules, "eic", engine)
+    path = config_file(tmp_path, remote_url="eic://10.0.0.1:12500?unreachable=true", eic_instance_id="cluster-1")
+    code, out = run_check(capsys, "--config", path)
+    assert code == 1
+    assert "init returned -1: the EIC cluster at eic://10.0.0.1:12500" in out
+    assert "fix: check that 10.0.0.1:12500" in out
+    assert "eic_instance_id" in out
+
+
+def test_faulty_engine_fails_at_put_with_advice(capsys, tmp_path):
+    path = config_file(tmp_path, remote_url="local://faulty?fail_rate=1")
+    code, out = run_check(capsys, "--config", path)
+    assert code == 1
+    assert verdict_of(out, "open") == "PASS"
+    assert verdict_of(out, "put") == "FAIL"
+    assert "mset" in out and "FAILED" in out
+    assert "fix: the embedded engine injects failures" in out
+
+
+def test_slow_engine_fails_with_a_timeout_and_says_which_setting(capsys, tmp_path):
+    path = config_file(tmp_path, remote_url="local://slow?latency=50ms", exists_timeout_ms=20, warmup_keys=0)
+    code, out = run_check(capsys, "--config", path)
+    assert code == 1
+    assert verdict_of(out, "exists") == "FAIL"
+    assert "TIMEOUT" in out
+    assert "timeout_ms" in out.split("fix:")[1]
+
+
+def test_missing_sdk_says_so(capsys, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "eic", None)  # `import eic` raises ImportError
+    path = config_file(tmp_path, remote_url="eic://10.0.0.1:12500", eic_instance_id="cluster-1")
+    code, out = run_check(capsys, "--config", path)
+    assert code == 1
+    assert verdict_of(out, "sdk") == "FAIL"
+    assert "the EIC Python SDK is not installed" in out
+    assert "pip install" in out
+
+
+def test_bad_config_names_the_key(capsys, tmp_path):
+    path = config_file(tmp_path, eic_kv_ttl=0)
+    code, out = run_check(capsys, "--config", path)
+    assert code == 1
+    assert verdict_of(out, "config") == "FAIL"
+    assert "eic_kv_ttl" in out
+    assert f"fix: fix eic_kv_ttl in {path}" in out
+
+
+def test_missing_config_file_fails(capsys, tmp_path):
+    code, out = run_check(capsys, "--config", str(tmp_path / "nope.yaml"))
+    assert code == 1
+    assert "file does not exist" in out
+
+
+def test_config_from_the_environment_is_used(capsys, tmp_path, monkeypatch):
+    from aibrix_eic.config import ENV_CONFIG
+
+    monkeypatch.setenv(ENV_CONFIG, config_file(tmp_path, remote_url="local://down?unreachable=true"))
+    code, out = run_check(capsys)
+    assert code == 1
+    assert "unreachable" in out
+
+
+def test_wrong_bytes_from_get_are_caught(capsys, monkeypatch):
+    real_get_many = Store.get_many
+
+    def corrupting_get_many(self, ns, keys, destinations):
+        codes = real_get_many(self, ns, keys, destinations)
+        for addr, _ in destinations:
+            ctypes.c_ubyte.from_address(addr).value ^= 0xFF
+        return codes
+
+    monkeypatch.setattr(Store, "get_many", corrupting_get_many)
+    code, out = run_check(capsys)
+    assert code == 1
+    assert verdict_of(out, "get") == "FAIL"
+    assert "1 of 2097152 bytes differ" in out
+
+
+def test_a_delete_that_deletes_nothing_is_caught(capsys, monkeypatch):
+    monkeypatch.setattr(Store, "delete_many", lambda self, ns, keys: [True] * len(keys))
+    code, out = run_check(capsys)
+    assert code == 1
+    assert verdict_of(out, "delete") == "PASS"
+    assert verdict_of(out, "exists-after-delete") == "FAIL"
+    assert "still finds the block after delete" in out
+
+
+def test_a_namespace_that_leaks_is_caught(capsys, monkeypatch):
+    real_exist_many = Store.exist_many
+    monkeypatch.setattr(Store, "exist_many", lambda self, ns, keys: real_exist_many(self, "", keys))
+    code, out = run_check(capsys, "--block-size", "64KiB")
+    assert code == 1
+    assert verdict_of(out, "namespace") == "FAIL"
+    assert "is visible from namespace" in out
+
+
+def test_block_size_option_sets_the_test_block(capsys):
+    code, out = run_check(capsys, "--block-size", "640KiB")
+    assert code == 0, out
+    assert "1 block of 640.0KiB" in out
+
+
+@pytest.mark.parametrize("disable_autoload", ["0", "1"])
+def test_python_m_runs_check_in_a_fresh_interpreter(tmp_path, disable_autoload):
+    """The real entry: a new process, routed to us by the .pth hook (or,
+    with the hook off, by the command itself, with a warning)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIBRIX_KV_CACHE_OL_EIC_CONFIG")}
+    env["AIBRIX_EIC_DISABLE_AUTOLOAD"] = disable_autoload
+    done = subprocess.run(
+        [sys.executable, "-m", "aibrix_eic", "check"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "verdict: PASS" in done.stdout
+    connector_verdict = verdict_of(done.stdout, "connector")
+    assert connector_verdict == ("WARN" if disable_autoload == "1" else "PASS"), done.stdout
+
+
+def test_unreachable_check_exits_1_from_the_console_script(tmp_path):
+    script = os.path.join(os.path.dirname(sys.executable), "aibrix-eic")
+    assert os.path.exists(script), "pip install -e . installs the aibrix-eic script"
+    path = config_file(tmp_path, remote_url="local://down?unreachable=true")
+    done = subprocess.run([script, "check", "--config", path], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "init returned -1" in done.stdout
