@@ -61,6 +61,7 @@ class EICConfig:
     eic_flag_file: str | None = None
     # Our keys.
     batch_keys: int = 64
+    batch_bytes: int = 16 * 1024 * 1024
     get_timeout_ms: float = 2000.0
     put_timeout_ms: float = 5000.0
     exists_timeout_ms: float = 500.0
@@ -276,6 +277,7 @@ _KEY_CHECKS = {
     "eic_kv_ns": _str,
     "eic_flag_file": _optional_str,
     "batch_keys": _int(minimum=1),
+    "batch_bytes": _size,
     "get_timeout_ms": _positive_number,
     "put_timeout_ms": _positive_number,
     "exists_timeout_ms": _positive_number,

@@ -1,8 +1,9 @@
 """EICConnector: AIBrix's L2 `Connector` interface over an EIC SDK module.
 
 Data path: AIBrix coroutine -> validate -> encode keys -> split into SDK
-calls of `batch_keys` keys -> run them on our own thread pools -> per-key
-outcomes -> Status list. What it guarantees, and why:
+calls of at most `batch_keys` keys and `batch_bytes` bytes -> run them on our
+own thread pools -> per-key outcomes -> Status list. What it guarantees, and
+why:
 
 - No exception and no `exit()` reaches AIBrix; every method returns Status.
 - mget results are prefix-closed: after the first block that did not load,
@@ -165,7 +166,6 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         self._meta_pool: PriorityThreadPool | None = None
         self._block_nbytes = self._config.block_nbytes
         self._exists_batches: dict[asyncio.AbstractEventLoop, tuple[list, list]] = {}
-        self._background: set[asyncio.Task] = set()
         self._new_breaker()
 
     # ------------------------------------------------------------ factory
@@ -469,6 +469,9 @@ class EICConnector(Connector[bytes, torch.Tensor]):
 
     def _chunks(self, eic_keys: list[str], buffers: list | None, mrs: Sequence[MemoryRegion] | None) -> list[_Chunk]:
         step = self._config.batch_keys
+        if buffers:
+            # Big blocks: several calls, so their copies run on several threads.
+            step = max(1, min(step, self._config.batch_bytes // buffers[0][1]))
         return [
             _Chunk(
                 start,
@@ -603,7 +606,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
                     first_bad = len(statuses)
                 statuses.extend([timeout_status] * len(chunk.keys))
                 continue
-            if MISS not in outcomes and FAIL not in outcomes:
+            if outcomes.count(HIT) == len(outcomes):
                 statuses.extend([_OK] * len(outcomes))
                 continue
             error_status = None
@@ -703,39 +706,58 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         return await waiter
 
     def _flush_exists(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Send the keys of this loop tick as mexist calls. Answers come back
+        through call_soon_threadsafe, or as TIMEOUT from a loop timer; no
+        task or future chain sits in between, which keeps a round of
+        L2Cache.exists close to one SDK round trip."""
         eic_keys, waiters = self._exists_batches.pop(loop)
-        task = loop.create_task(self._resolve_exists(eic_keys, waiters))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _resolve_exists(self, eic_keys: list[str], waiters: list[asyncio.Future]) -> None:
         try:
-            statuses = await self._mexist(eic_keys)
-        except asyncio.CancelledError:
-            statuses = [Status(StatusCodes.CANCELLED)] * len(eic_keys)
+            session, pool = self._session, self._meta_pool
+            if self._breaker.is_open or session is None or pool is None:
+                self._counters.add(fast_fails=1)
+                _answer(waiters, 0, len(waiters), _MISS)
+                return
+            timeout_ms = self._config.exists_timeout_ms
+            step = self._config.batch_keys
+            spans = [(start, min(start + step, len(eic_keys))) for start in range(0, len(eic_keys), step)]
+            futures: list[Future] = []
+            timer = loop.call_later(timeout_ms / 1000, self._exists_timed_out, waiters, futures, timeout_ms)
+            unanswered = [len(spans)]
+
+            def deliver(start: int, end: int, future: Future) -> None:  # on the loop
+                _answer_exists(waiters, start, end, future)
+                unanswered[0] -= 1
+                if unanswered[0] == 0:
+                    timer.cancel()
+
+            def on_done(future: Future, start: int, end: int) -> None:  # on a pool thread
+                try:
+                    loop.call_soon_threadsafe(deliver, start, end, future)
+                except RuntimeError:
+                    pass  # the loop is closed: nobody waits any more
+
+            for start, end in spans:
+                future = pool.submit(self._mexist_call, session, eic_keys[start:end])
+                future.add_done_callback(functools.partial(on_done, start=start, end=end))
+                futures.append(future)
+            self._counters.add(exists=len(eic_keys), exists_calls=len(spans))
         except BaseException as e:
-            statuses = [Status(StatusCodes.ERROR, f"exists failed internally: {e!r}")] * len(eic_keys)
-        for waiter, status in zip(waiters, statuses):
-            if not waiter.done():
-                waiter.set_result(status)
+            _answer(waiters, 0, len(waiters), Status(StatusCodes.ERROR, f"exists failed internally: {e!r}"))
 
-    async def _mexist(self, eic_keys: list[str]) -> list[Status]:
-        session = self._session
-        if self._breaker.is_open or session is None:
-            return [_MISS] * len(eic_keys)
-        timeout_ms = self._config.exists_timeout_ms
-        deadline = Deadline(timeout_ms / 1000)
-        chunks = self._chunks(eic_keys, None, None)
+    def _mexist_call(self, session: _Session, eic_keys: list[str]) -> CallResult:
+        result = session.client.mexist(eic_keys)
+        self._observe(result)
+        return result
 
-        def work(chunk: _Chunk, _: Deadline) -> None:
-            result = session.client.mexist(chunk.keys)
-            self._observe(result)
-            chunk.detail = result.detail
-            chunk.outcomes = result.outcomes
-
-        await self._run(self._meta_pool, work, chunks, deadline, "exists", timeout_ms)
-        self._counters.add(exists=len(eic_keys), exists_calls=len(chunks))
-        return self._statuses(chunks, "exists", timeout_ms)[0]
+    def _exists_timed_out(self, waiters: list[asyncio.Future], futures: list[Future], timeout_ms: float) -> None:
+        if all(waiter.done() for waiter in waiters):
+            return
+        for future in futures:
+            future.cancel()
+        self._counters.add(timeouts=1)
+        self._breaker.record_failure(f"exists exceeded exists_timeout_ms={timeout_ms:g}")
+        self._rate_log.log("exists-timeout", logging.WARNING, "EIC exists exceeded exists_timeout_ms=%g", timeout_ms)
+        _answer(waiters, 0, len(waiters), Status(StatusCodes.TIMEOUT, f"exists exceeded exists_timeout_ms={timeout_ms:g}"))
 
     # ------------------------------------------------------------- writing
     @_never_raises("mput")
@@ -789,6 +811,34 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         await self._run(self._meta_pool, work, chunks, Deadline(timeout_ms / 1000), "delete", timeout_ms)
         self._counters.add(deletes=1)
         return self._statuses(chunks, "delete", timeout_ms)[0][0]
+
+
+def _answer(waiters: list[asyncio.Future], start: int, end: int, status: Status) -> None:
+    for waiter in waiters[start:end]:
+        if not waiter.done():  # AIBrix may have cancelled it
+            waiter.set_result(status)
+
+
+def _answer_exists(waiters: list[asyncio.Future], start: int, end: int, future: Future) -> None:
+    """Answer waiters[start:end] from a finished mexist future."""
+    if future.cancelled():
+        return  # the timeout already answered them
+    error = future.exception()
+    if error is not None:
+        _answer(waiters, start, end, Status(StatusCodes.ERROR, f"exists failed internally: {error!r}"))
+        return
+    result: CallResult = future.result()
+    failure = None
+    for waiter, outcome in zip(waiters[start:end], result.outcomes):
+        if waiter.done():
+            continue
+        if outcome == HIT:
+            waiter.set_result(_OK)
+        elif outcome == MISS:
+            waiter.set_result(_MISS)
+        else:
+            failure = failure or Status(StatusCodes.ERROR, f"exists: {result.detail}")
+            waiter.set_result(failure)
 
 
 def _check_lengths(keys: Sequence[Any], mrs: Sequence[Any]) -> None:

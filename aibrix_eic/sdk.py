@@ -17,7 +17,21 @@ from .config import ConfigError, EICConfig
 
 SDK_WHEEL_URL = "https://eic-sdk-release.tos-cn-beijing.volces.com/python/eic-1.5.2-py3-none-any.whl"
 
-HIT, MISS, FAIL = 0, 1, 2  # per-key outcomes
+# Per-key outcomes. FAIL may pass on a retry (transport, timeout, busy);
+# REJECTED will not (bad buffer, too large, no room, unknown namespace).
+HIT, MISS, FAIL, REJECTED = 0, 1, 2, 3
+
+# Codes that mean "this request can never succeed as sent". The vendor SDK's
+# names for such codes are unknown, so only the engine's are listed; any code
+# missing from a module's StatusCode is simply not looked up.
+_REJECTING_CODE_NAMES = (
+    "VALUE_TOO_LARGE",
+    "BUFFER_SIZE_MISMATCH",
+    "MEMORY_NOT_REGISTERED",
+    "OUT_OF_CAPACITY",
+    "NAMESPACE_NOT_FOUND",
+    "INVALID_ARGUMENT",
+)
 
 
 def load_sdk_module(config: EICConfig) -> ModuleType:
@@ -40,8 +54,8 @@ def load_sdk_module(config: EICConfig) -> ModuleType:
 
 @dataclass(frozen=True)
 class CallResult:
-    outcomes: list[int]  # HIT, MISS or FAIL for each key, in order
-    whole_call_failed: bool  # no key got an answer: a sign the service is down
+    outcomes: list[int]  # HIT, MISS, FAIL or REJECTED for each key, in order
+    whole_call_failed: bool  # every key FAIL: a sign the service is down
     detail: str  # what the SDK said, for logs and error messages
 
 
@@ -53,6 +67,9 @@ class SdkClient:
         self._client = client
         self._success = module.StatusCode.SUCCESS
         self._key_not_exist = module.StatusCode.KEY_NOT_EXIST
+        self._rejecting = frozenset(
+            getattr(module.StatusCode, name) for name in _REJECTING_CODE_NAMES if hasattr(module.StatusCode, name)
+        )
         self._set_option = module.SetOption()
         self._set_option.ns = config.eic_kv_ns
         self._set_option.ttl_second = config.eic_kv_ttl
@@ -110,11 +127,12 @@ class SdkClient:
             return CallResult(
                 [FAIL] * nkeys, True, f"{op} {status} with {len(codes)} codes for {nkeys} keys"
             )
-        success, key_not_exist = self._success, self._key_not_exist
+        success, key_not_exist, rejecting = self._success, self._key_not_exist, self._rejecting
         outcomes = [
-            HIT if code == success else MISS if code == key_not_exist else FAIL for code in codes
+            HIT if code == success else MISS if code == key_not_exist else REJECTED if code in rejecting else FAIL
+            for code in codes
         ]
-        whole_call_failed = status != success and FAIL in outcomes and HIT not in outcomes and MISS not in outcomes
+        whole_call_failed = status != success and outcomes.count(FAIL) == nkeys
         if status == success:
             detail = f"{op} {status}"
         else:

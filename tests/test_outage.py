@@ -206,3 +206,44 @@ def test_late_reply_never_writes_into_reused_memory():
     finally:
         get_store("late").faults.clear()
         rig.close()
+
+
+def test_rejected_keys_are_not_retried():
+    """A store too small for a request rejects its tail; re-sending would only
+    evict the blocks this same put just stored."""
+    from connector_tools import ConnectorRig
+
+    rig = ConnectorRig(remote_url="local://tiny?capacity=8KiB", retry_attempts=3).open()
+    try:
+        keys = [bytes([i]) * 16 for i in range(4)]
+        status = rig.run(rig.conn.mput(keys, rig.filled([bytes([i]) * 4096 for i in range(4)])))
+        assert status.is_error() and "2 of 4 blocks not stored" in str(status.value)
+        assert rig.conn.health()["retries"] == 0
+        mrs = rig.blocks(4)
+        statuses = rig.run(rig.conn.mget(keys, mrs))
+        assert [s.is_ok() for s in statuses] == [True, True, False, False]
+        assert rig.read(mrs[1]) == bytes([1]) * 4096
+    finally:
+        rig.close()
+
+
+def test_large_blocks_are_split_into_several_concurrent_calls(monkeypatch):
+    import aibrix_eic.engine as engine
+    from connector_tools import ConnectorRig
+
+    sizes = []
+    original = engine.Client.mset
+
+    def spy(self, keys, vals, option):
+        sizes.append(len(keys))
+        return original(self, keys, vals, option)
+
+    monkeypatch.setattr(engine.Client, "mset", spy)
+    rig = ConnectorRig(remote_url="local://split", block_nbytes=1 << 20, batch_bytes="4MiB", capacity=64 << 20).open()
+    try:
+        keys = [bytes([i]) * 16 for i in range(10)]
+        statuses = rig.run(rig.conn.mput(keys, rig.blocks(10)))
+        assert all(s.is_ok() for s in statuses)
+        assert sorted(sizes) == [2, 4, 4]
+    finally:
+        rig.close()
