@@ -257,9 +257,12 @@ class EICConnector(Connector[bytes, torch.Tensor]):
                     return Status(StatusCodes.INVALID, str(self._config_error))
                 if self._is_open:
                     return _OK
+                try:
+                    session, error = self._connect()
+                except ConfigError as e:
+                    return Status(StatusCodes.INVALID, str(e))
                 self._data_pool = PriorityThreadPool(self._config.eic_thread_num, "aibrix_eic_data")
                 self._meta_pool = PriorityThreadPool(_META_THREADS, "aibrix_eic_meta")
-                session, error = self._connect()
                 if session is None and not self._config.fail_open:
                     self._shutdown_pools()
                     return Status(StatusCodes.ERROR, f"EIC open failed: {error}")
@@ -359,7 +362,10 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         session = self._session
         if session is not None and self._answers(session):
             return True
-        fresh, error = self._connect()
+        try:
+            fresh, error = self._connect()
+        except ConfigError as e:  # cannot happen after a successful open
+            fresh, error = None, str(e)
         if fresh is None:
             self._rate_log.log("probe", logging.INFO, "EIC probe: still unavailable: %s", error)
             return False
@@ -466,6 +472,21 @@ class EICConnector(Connector[bytes, torch.Tensor]):
                 )
             buffers.append((addr, nbytes, registered and mark_registered))
         return buffers
+
+    def _data_request(
+        self, keys: Sequence[Any], mrs: Sequence[Any], for_put: bool
+    ) -> tuple[_Session, list[_Chunk]] | None:
+        """The session and SDK-call chunks of an mget/mput, or None when the
+        circuit is open. The breaker is checked before any per-block work:
+        that check is the whole cost of a request while EIC is down."""
+        _check_lengths(keys, mrs)
+        session = self._session
+        if self._breaker.is_open or session is None:
+            self._counters.add(fast_fails=1)
+            return None
+        buffers = self._buffers(keys, mrs, for_put)
+        eic_keys = self._encode_keys(keys)
+        return session, self._chunks(eic_keys, buffers, mrs)
 
     def _chunks(self, eic_keys: list[str], buffers: list | None, mrs: Sequence[MemoryRegion] | None) -> list[_Chunk]:
         step = self._config.batch_keys
@@ -646,18 +667,12 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         refusal = self._refusal()
         if refusal is not None:
             return refusal
-        _check_lengths(keys, mrs)
-        session = self._session
-        if self._breaker.is_open or session is None:
-            # Checked before per-block work: this is the whole cost of a get
-            # while EIC is down.
-            self._counters.add(fast_fails=1)
+        request = self._data_request(keys, mrs, for_put=False)
+        if request is None:
             return [_MISS] * len(keys)
-        buffers = self._buffers(keys, mrs, for_put=False)
-        eic_keys = self._encode_keys(keys)
+        session, chunks = request
         timeout_ms = self._config.get_timeout_ms
         deadline = Deadline(timeout_ms / 1000)
-        chunks = self._chunks(eic_keys, buffers, mrs)
         work = functools.partial(self._call_with_retry, session.client.mget, retryable=self._failed_before_first_miss)
         await self._run(self._data_pool, work, chunks, deadline, "get", timeout_ms)
         statuses, loaded = self._statuses(chunks, "get", timeout_ms)
@@ -765,16 +780,12 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         refusal = self._refusal()
         if refusal is not None:
             return refusal
-        _check_lengths(keys, mrs)
-        session = self._session
-        if self._breaker.is_open or session is None:
-            self._counters.add(fast_fails=1)
+        request = self._data_request(keys, mrs, for_put=True)
+        if request is None:
             return _PUT_SKIPPED
-        buffers = self._buffers(keys, mrs, for_put=True)
-        eic_keys = self._encode_keys(keys)
+        session, chunks = request
         timeout_ms = self._config.put_timeout_ms
         deadline = Deadline(timeout_ms / 1000)
-        chunks = self._chunks(eic_keys, buffers, mrs)
         work = functools.partial(self._call_with_retry, session.client.mset, retryable=self._failed)
         await self._run(self._data_pool, work, chunks, deadline, "put", timeout_ms, PUT_PRIORITY)
         statuses, first = self._statuses(chunks, "put", timeout_ms)

@@ -5,16 +5,16 @@ correctly, refuse unregistered memory when registration is required, and
 register everything again on a client made after a reconnect.
 """
 
-import bisect
 import threading
+
+from . import intervals
 
 
 class RegisteredRegions:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._regions: list[tuple[int, int]] = []  # (addr, nbytes), as given
-        # Merged [start, end) intervals, swapped as one tuple for lock-free reads.
-        self._index: tuple[list[int], list[int]] = ([], [])
+        self._index: intervals.Index = intervals.EMPTY
         self.cuda_device: int | None = None
 
     def add(self, regions: list[tuple[int, int]], cuda_device: int | None) -> list[tuple[int, int]]:
@@ -24,16 +24,7 @@ class RegisteredRegions:
             new = [region for region in regions if region not in known]
             self._regions.extend(new)
             self.cuda_device = cuda_device
-            intervals = sorted((addr, addr + nbytes) for addr, nbytes in self._regions)
-            starts: list[int] = []
-            ends: list[int] = []
-            for start, end in intervals:
-                if starts and start <= ends[-1]:
-                    ends[-1] = max(ends[-1], end)
-                else:
-                    starts.append(start)
-                    ends.append(end)
-            self._index = (starts, ends)
+            self._index = intervals.merge((addr, addr + nbytes) for addr, nbytes in self._regions)
             return new
 
     def all(self) -> list[tuple[int, int]]:
@@ -43,13 +34,11 @@ class RegisteredRegions:
     def clear(self) -> None:
         with self._lock:
             self._regions = []
-            self._index = ([], [])
+            self._index = intervals.EMPTY
             self.cuda_device = None
 
     def __len__(self) -> int:
         return len(self._regions)
 
     def contains(self, addr: int, nbytes: int) -> bool:
-        starts, ends = self._index
-        i = bisect.bisect_right(starts, addr) - 1
-        return i >= 0 and addr + nbytes <= ends[i]
+        return intervals.covers(self._index, addr, nbytes)

@@ -82,26 +82,24 @@ class SdkClient:
 
     @classmethod
     def connect(cls, module: ModuleType, config: EICConfig) -> "tuple[SdkClient | None, str]":
-        """A new client, initialised; or None and a message saying why not."""
-        try:
-            transport = module.TransportType(config.eic_trans_type)
-        except (ValueError, TypeError):
-            return None, (
-                f"{config.source}: eic_trans_type {config.eic_trans_type} is not a transport "
-                f"this SDK knows ({_enum_members(module.TransportType)})"
-            )
-        try:
-            log_level = module.LogLevel(config.eic_log_level)
-        except (ValueError, TypeError):
-            return None, (
-                f"{config.source}: eic_log_level {config.eic_log_level} is not a level "
-                f"this SDK knows ({_enum_members(module.LogLevel)})"
-            )
+        """A new client, initialised; or None and a message saying why not.
+
+        Raises ConfigError for settings this SDK cannot take at all, which no
+        retry will fix; init failures (an unreachable cluster) are returned.
+        """
+        transport = _enum_member(module.TransportType, config.eic_trans_type)
+        if transport is None:
+            raise _unknown_member(config, "eic_trans_type", module.TransportType)
+        log_level = _enum_member(module.LogLevel, config.eic_log_level)
+        if log_level is None:
+            raise _unknown_member(config, "eic_log_level", module.LogLevel)
         if config.eic_log_dir:
             try:
                 os.makedirs(config.eic_log_dir, exist_ok=True)
             except OSError as e:
-                return None, f"{config.source}: eic_log_dir {config.eic_log_dir} cannot be created: {e.strerror}"
+                raise ConfigError(
+                    config.source, "eic_log_dir", f"{config.eic_log_dir} cannot be created: {e.strerror}"
+                ) from None
         option = module.InitOption()
         option.log_dir = config.eic_log_dir
         option.log_level = log_level
@@ -201,9 +199,18 @@ class SdkClient:
         return ok, "" if ok else f"register_memory returned False for {len(regions)} regions ({total} bytes)"
 
 
-def _enum_members(enum_type) -> str:
+def _enum_member(enum_type, value: int):
+    """enum_type(value), or None when the SDK has no such member."""
+    try:
+        return enum_type(value)
+    except (ValueError, TypeError):
+        return None
+
+
+def _unknown_member(config: EICConfig, key: str, enum_type) -> ConfigError:
     members = getattr(enum_type, "__members__", {})
-    return ", ".join(f"{int(v)} {k}" for k, v in members.items()) or "unknown members"
+    known = ", ".join(f"{int(v)} {k}" for k, v in members.items()) or "unknown members"
+    return ConfigError(config.source, key, f"{getattr(config, key)} is not a value this SDK knows ({known})")
 
 
 def _code_summary(codes) -> str:

@@ -20,6 +20,7 @@ from typing import Callable, TextIO
 import torch
 
 from ..config import ENV_CONFIG, ConfigError, EICConfig, config_path_from_env
+from ..sdk import HIT, SdkClient, load_sdk_module
 from ..units import format_size
 
 PASS, FAIL, WARN, SKIP = "PASS", "FAIL", "WARN", "SKIP"
@@ -171,8 +172,6 @@ class Checker:
         )
 
     def check_sdk(self) -> tuple[str, str]:
-        from ..sdk import load_sdk_module
-
         try:
             self.module = load_sdk_module(self.config)
         except ConfigError as e:
@@ -294,8 +293,6 @@ class Checker:
         same EIC key string, asked for through a client whose options carry
         another namespace, must miss."""
         from ..codec import KeyCodec
-        from ..sdk import HIT, SdkClient
-
         config = self.config
         other_ns = f"{config.eic_kv_ns}-{OTHER_NAMESPACE_SUFFIX}" if config.eic_kv_ns else OTHER_NAMESPACE_SUFFIX
         key = os.urandom(16)
@@ -363,8 +360,6 @@ class Checker:
 
     def _check_ttl_with_engine_clock(self) -> tuple[str, str]:
         """Move the embedded store's clock instead of waiting."""
-        from ..sdk import HIT, SdkClient
-
         store = self._engine_store()
         ttl = self.config.eic_kv_ttl
         key = os.urandom(16)
@@ -372,14 +367,7 @@ class Checker:
         self._expect_ok("put", self.run_op(self.connector.put(key, self.regions[0])))
         # A second key with a 1 s TTL, so expiry is exercised even when the
         # config never expires anything.
-        short_client, error = SdkClient.connect(self.module, dataclasses.replace(self.config, eic_kv_ttl=1))
-        if short_client is None:
-            raise StepFailed(error, self.what_to_fix(error))
-        short_key = f"{self.connector.conn_id}.ttl-probe.{os.urandom(8).hex()}"
-        region = self.regions[0]
-        stored = short_client.mset([short_key], [(region.data_ptr(), region.length, False)])
-        if stored.outcomes != [HIT]:
-            raise StepFailed(f"mset with ttl_second=1 failed: {stored.detail}", self.what_to_fix(stored.detail))
+        short_client, short_key = self._put_ttl_probe()
         real_clock = store.clock
         shift = ttl + 1 if ttl > 0 else NEVER_EXPIRES_PROBE_S
         store.clock = lambda: real_clock() + shift
@@ -403,12 +391,8 @@ class Checker:
             )
         return PASS, "eic_kv_ttl -1: blocks never expire (checked 30 days ahead); a 1 s TTL expires"
 
-    def _check_ttl_by_waiting(self) -> tuple[str, str]:
-        """A real cluster: put a key with a 1 s TTL and wait for it to go."""
-        from ..sdk import HIT, SdkClient
-
-        ttl = self.config.eic_kv_ttl
-        configured = f"eic_kv_ttl={ttl} s" if ttl > 0 else "eic_kv_ttl -1 (blocks never expire; EIC evicts by capacity)"
+    def _put_ttl_probe(self):
+        """A client whose sets carry ttl_second=1, and a key it just stored."""
         short_client, error = SdkClient.connect(self.module, dataclasses.replace(self.config, eic_kv_ttl=1))
         if short_client is None:
             raise StepFailed(error, self.what_to_fix(error))
@@ -417,6 +401,13 @@ class Checker:
         stored = short_client.mset([short_key], [(region.data_ptr(), region.length, False)])
         if stored.outcomes != [HIT]:
             raise StepFailed(f"mset with ttl_second=1 failed: {stored.detail}", self.what_to_fix(stored.detail))
+        return short_client, short_key
+
+    def _check_ttl_by_waiting(self) -> tuple[str, str]:
+        """A real cluster: put a key with a 1 s TTL and wait for it to go."""
+        ttl = self.config.eic_kv_ttl
+        configured = f"eic_kv_ttl={ttl} s" if ttl > 0 else "eic_kv_ttl -1 (blocks never expire; EIC evicts by capacity)"
+        short_client, short_key = self._put_ttl_probe()
         deadline = time.monotonic() + TTL_PROBE_WAIT_S
         while time.monotonic() < deadline:
             time.sleep(0.25)

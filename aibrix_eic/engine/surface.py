@@ -12,11 +12,11 @@ failures included. Where the SDK's behaviour is unknown this engine takes the
 strict reading; docs/engine.md lists each choice.
 """
 
-import bisect
 import threading
 import time
 from typing import Iterable, Iterator, Sequence
 
+from .. import intervals
 from .enums import LogLevel, MemoryType, StatusCode, TransportType, overall_status
 from .registry import open_store
 from .store import Store
@@ -119,9 +119,7 @@ class Client:
     def __init__(self) -> None:
         self._store: Store | None = None
         self._instance_id: str | None = None
-        # (starts, ends) of merged registered regions, swapped as one tuple
-        # so lock-free readers always see a consistent pair.
-        self._registered: tuple[list[int], list[int]] = ([], [])
+        self._registered: intervals.Index = intervals.EMPTY
         self._registration_lock = threading.Lock()
 
     # ------------------------------------------------------------ lifecycle
@@ -155,26 +153,20 @@ class Client:
                 return False
             regions.append((addr, addr + length))
         with self._registration_lock:
-            merged = sorted(list(zip(*self._registered)) + regions)
-            starts: list[int] = []
-            ends: list[int] = []
-            for start, end in merged:
-                if starts and start <= ends[-1]:
-                    ends[-1] = max(ends[-1], end)
-                else:
-                    starts.append(start)
-                    ends.append(end)
-            self._registered = (starts, ends)
+            self._registered = intervals.merge(intervals.ranges(self._registered) + regions)
         return True
 
     def _is_registered(self, addr: int, length: int) -> bool:
-        starts, ends = self._registered
-        i = bisect.bisect_right(starts, addr) - 1
-        return i >= 0 and addr + length <= ends[i]
+        return intervals.covers(self._registered, addr, length)
 
     # ------------------------------------------------------------ data path
-    def _begin_call(self, nkeys: int) -> Store | tuple[StatusCode, Outcome]:
-        """The bound store, or the failure reply this call must return."""
+    def _begin_call(self, keys: Sequence[str], ns: str) -> Store | tuple[StatusCode, Outcome]:
+        """The bound store, or the reply this call must return without it:
+        empty calls succeed; an unbound client, an injected whole-call
+        failure or an unknown namespace fail every key."""
+        nkeys = len(keys)
+        if nkeys == 0:
+            return StatusCode.SUCCESS, Outcome([])
         store = self._store
         if store is None:
             return _failed(nkeys, StatusCode.NOT_INITIALIZED)
@@ -183,6 +175,8 @@ class Client:
             time.sleep(faults.latency_s)
         if faults.call_fails():
             return _failed(nkeys)
+        if not store.has_namespace(ns):
+            return _failed(nkeys, StatusCode.NAMESPACE_NOT_FOUND)
         return store
 
     def _screen(
@@ -227,14 +221,9 @@ class Client:
         option = option or SetOption()
         if len(keys) != len(vals) or option.ttl_second == 0 or option.ttl_second < -1:
             return _failed(len(keys), StatusCode.INVALID_ARGUMENT)
-        if len(keys) == 0:
-            return StatusCode.SUCCESS, Outcome([])
-        begun = self._begin_call(len(keys))
-        if not isinstance(begun, Store):
-            return begun
-        store = begun
-        if not store.has_namespace(option.ns):
-            return _failed(len(keys), StatusCode.NAMESPACE_NOT_FOUND)
+        store = self._begin_call(keys, option.ns)
+        if not isinstance(store, Store):
+            return store
         codes, todo_index, todo_keys, todo_buffers = self._screen(store, keys, vals, store.max_value_bytes)
         if todo_index:
             stored = store.put_many(option.ns, todo_keys, todo_buffers, option.ttl_second)
@@ -250,15 +239,9 @@ class Client:
         if vals is not None and len(keys) != len(vals):
             status, outcome = _failed(len(keys), StatusCode.INVALID_ARGUMENT)
             return status, vals, outcome
-        if len(keys) == 0:
-            return StatusCode.SUCCESS, vals if vals is not None else [], Outcome([])
-        begun = self._begin_call(len(keys))
-        if not isinstance(begun, Store):
-            return begun[0], vals if vals is not None else [], begun[1]
-        store = begun
-        if not store.has_namespace(option.ns):
-            status, outcome = _failed(len(keys), StatusCode.NAMESPACE_NOT_FOUND)
-            return status, vals if vals is not None else [], outcome
+        store = self._begin_call(keys, option.ns)
+        if not isinstance(store, Store):
+            return store[0], vals if vals is not None else [], store[1]
         if vals is None:
             return self._mget_as_bytes(store, keys, option.ns)
         codes, todo_index, todo_keys, todo_buffers = self._screen(store, keys, vals, None)
@@ -290,14 +273,9 @@ class Client:
         self, keys: Sequence[str], option: ExistOption | None = None
     ) -> tuple[StatusCode, Outcome]:
         option = option or ExistOption()
-        if len(keys) == 0:
-            return StatusCode.SUCCESS, Outcome([])
-        begun = self._begin_call(len(keys))
-        if not isinstance(begun, Store):
-            return begun
-        store = begun
-        if not store.has_namespace(option.ns):
-            return _failed(len(keys), StatusCode.NAMESPACE_NOT_FOUND)
+        store = self._begin_call(keys, option.ns)
+        if not isinstance(store, Store):
+            return store
         faults = store.faults
         codes = []
         for present in store.exist_many(option.ns, keys):
@@ -311,14 +289,9 @@ class Client:
         self, keys: Sequence[str], option: DelOption | None = None
     ) -> tuple[StatusCode, Outcome]:
         option = option or DelOption()
-        if len(keys) == 0:
-            return StatusCode.SUCCESS, Outcome([])
-        begun = self._begin_call(len(keys))
-        if not isinstance(begun, Store):
-            return begun
-        store = begun
-        if not store.has_namespace(option.ns):
-            return _failed(len(keys), StatusCode.NAMESPACE_NOT_FOUND)
+        store = self._begin_call(keys, option.ns)
+        if not isinstance(store, Store):
+            return store
         codes = [
             StatusCode.SUCCESS if removed else StatusCode.KEY_NOT_EXIST
             for removed in store.delete_many(option.ns, keys)
