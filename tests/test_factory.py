@@ -119,6 +119,7 @@ BAD_CONFIGS = [
     ("unknown key", "remote_url: local://\neic_kv_namespace: a\n", "did you mean 'eic_kv_ns'"),
     ("bad url", "remote_url: redis://x:1\n", "remote_url: expected eic://host:port or local://"),
     ("sdk missing", "remote_url: eic://10.0.0.1:12500\neic_instance_id: abc\n", "needs the EIC Python SDK"),
+    ("transport the sdk lacks", "remote_url: local://\neic_trans_type: 1\n", "eic_trans_type: 1 is not a value this SDK knows"),
 ]
 
 
