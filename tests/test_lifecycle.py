@@ -1,0 +1,73 @@
+"""open() and close(): idempotent, and close really lets go."""
+
+import time
+
+import torch
+
+import aibrix_eic.engine as engine
+from aibrix_eic.sdk import FAIL, CallResult
+from connector_tools import ConnectorRig
+
+
+def test_open_and_close_are_idempotent_and_close_drops_client_and_registrations():
+    rig = ConnectorRig(remote_url="local://life").open()
+    try:
+        assert rig.conn.open().is_ok()  # second open: no new client
+        first_session = rig.conn._session
+        assert rig.conn.open().is_ok() and rig.conn._session is first_session
+        slab = torch.zeros(1 << 20, dtype=torch.uint8)
+        assert rig.conn.register_slabs([slab]).is_ok()
+        assert rig.conn.health()["registered_regions"] == 1
+        assert rig.conn.close().is_ok()
+        assert rig.conn.close().is_ok()
+        health = rig.conn.health()
+        assert not health["open"] and not health["connected"] and health["registered_regions"] == 0
+        assert rig.run(rig.conn.exists(b"k" * 16)).is_invalid()
+    finally:
+        rig.close()
+
+
+def test_reopen_after_close_reaches_the_same_data():
+    rig = ConnectorRig(remote_url="local://life").open()
+    try:
+        key = b"persisted-key-00"
+        assert isinstance(rig.run(rig.conn.mput([key], rig.filled([b"p" * 4096]))), list)
+        rig.conn.close()
+        assert rig.conn.open().is_ok()
+        mrs = rig.blocks(1)
+        assert rig.run(rig.conn.get(key, mrs[0])).is_ok()
+        assert rig.read(mrs[0]) == b"p" * 4096
+    finally:
+        rig.close()
+
+
+def test_slabs_registered_again_on_a_new_client_after_reconnect(monkeypatch):
+    registrations = []
+    original = engine.Client.register_memory
+
+    def spy(self, buffers, info=None):
+        registrations.append((id(self), len(buffers)))
+        return original(self, buffers, info)
+
+    monkeypatch.setattr(engine.Client, "register_memory", spy)
+    rig = ConnectorRig(remote_url="local://life", probe_interval_s=0.05, breaker_failures=1).open()
+    try:
+        slab = torch.zeros(1 << 20, dtype=torch.uint8)
+        rig.conn.register_slabs([slab])
+        old_client = rig.conn._session.client
+        # Make the current client stop answering, so the probe builds a new one.
+        monkeypatch.setattr(old_client, "mexist", lambda keys: engine_failure(len(keys)))
+        rig.conn.breaker.trip("test")
+        deadline = time.monotonic() + 5
+        while rig.conn.breaker.is_open:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert rig.conn._session.client is not old_client
+        assert len({client for client, _ in registrations}) == 2
+        assert rig.conn._session.registered
+    finally:
+        rig.close()
+
+
+def engine_failure(nkeys):
+    return CallResult([FAIL] * nkeys, True, "mexist FAILED (test)")
