@@ -19,6 +19,7 @@ why:
 """
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import os
@@ -59,7 +60,8 @@ class _InvalidRequest(Exception):
 @dataclass
 class _Session:
     client: SdkClient
-    registered: bool  # whether this client holds our registered regions
+    registration_ok: bool = True  # no register_memory on this client failed
+    regions: set[tuple[int, int]] = dataclasses.field(default_factory=set)  # registered on it
 
 
 class _Chunk:
@@ -318,7 +320,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         client, error = SdkClient.connect(self._module, self._config)
         if client is None:
             return None, error
-        session = _Session(client, registered=False)
+        session = _Session(client)
         regions = self._regions.all()
         if regions:
             error = self._register(session, regions)
@@ -329,9 +331,9 @@ class EICConnector(Connector[bytes, torch.Tensor]):
     def _register(self, session: _Session, regions: list[tuple[int, int]]) -> str:
         ok, message = session.client.register(regions, self._regions.cuda_device)
         if ok:
-            session.registered = True
+            session.regions.update(regions)
             return ""
-        session.registered = False
+        session.registration_ok = False
         logger.warning("EIC %s; buffers are passed as unregistered", message)
         return message
 
@@ -374,6 +376,10 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         with self._state_lock:
             if not self._is_open:
                 return False
+            # Slabs may have been registered since _connect read the list.
+            missing = [region for region in self._regions.all() if region not in fresh.regions]
+            if missing:
+                self._register(fresh, missing)
             self._session = fresh
         return True
 
@@ -402,11 +408,12 @@ class EICConnector(Connector[bytes, torch.Tensor]):
                     return Status(StatusCodes.INVALID, f"register_slabs: slabs[{i}] is empty")
                 regions.append((slab.data_ptr(), nbytes))
             cuda_device = slabs[0].device.index if slabs[0].is_cuda else None
-            new_regions = self._regions.add(regions, cuda_device)
-            session = self._session
-            if session is None or not new_regions:
-                return _OK  # registered when a client connects
-            error = self._register(session, new_regions)
+            with self._state_lock:  # against a probe swapping in a new client
+                new_regions = self._regions.add(regions, cuda_device)
+                session = self._session
+                if session is None or not new_regions:
+                    return _OK  # registered when a client connects
+                error = self._register(session, new_regions)
             if error and self._config.require_registration:
                 return Status(StatusCodes.ERROR, error)
             logger.info(
@@ -440,7 +447,9 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         max_nbytes = self._config.max_value_bytes
         regions = self._regions
         session = self._session
-        mark_registered = session is not None and session.registered and (self._config.put_registered or not for_put)
+        mark_registered = (
+            session is not None and session.registration_ok and (self._config.put_registered or not for_put)
+        )
         require = self._config.require_registration
         buffers = []
         known_types = _MR_TYPES

@@ -121,7 +121,8 @@ def test_open_with_eic_down_serves_misses_then_connects(monkeypatch, tmp_path):
         assert offload(cache, query, seed=2).is_ok()
         assert reload_tokens(cache, query) == 4 * BLOCK_NTOKENS
         # Slabs given to register_slabs while down were registered on connect.
-        assert cache._l2_cache._backend._session.registered
+        connector = cache._l2_cache._backend
+        assert connector._regions.all() and connector._session.regions == set(connector._regions.all())
     finally:
         get_store("down-at-start").faults.clear()
         cache.close()
