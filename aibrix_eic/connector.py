@@ -842,7 +842,10 @@ def _answer(waiters: list[asyncio.Future], start: int, end: int, status: Status)
 def _answer_exists(waiters: list[asyncio.Future], start: int, end: int, future: Future) -> None:
     """Answer waiters[start:end] from a finished mexist future."""
     if future.cancelled():
-        return  # the timeout already answered them
+        # By the timeout (its waiters are answered, and skipped here) or by
+        # close() shutting the pool down, which must not leave anyone waiting.
+        _answer(waiters, start, end, Status(StatusCodes.CANCELLED, "exists cancelled: the connector was closed"))
+        return
     error = future.exception()
     if error is not None:
         _answer(waiters, start, end, Status(StatusCodes.ERROR, f"exists failed internally: {error!r}"))

@@ -71,3 +71,25 @@ def test_slabs_registered_again_on_a_new_client_after_reconnect(monkeypatch):
 
 def engine_failure(nkeys):
     return CallResult([FAIL] * nkeys, True, "mexist FAILED (test)")
+
+
+def test_close_answers_exists_calls_still_queued():
+    """close() cancels queued mexist calls; their callers must still get an
+    answer instead of waiting forever."""
+    import asyncio
+
+    rig = ConnectorRig(remote_url="local://life?latency=300ms", batch_keys=1, exists_timeout_ms=60_000).open()
+    try:
+        keys = [bytes([i]) * 16 for i in range(8)]  # 8 calls for 4 metadata threads
+
+        async def exists_then_close():
+            pending = asyncio.gather(*[rig.conn.exists(key) for key in keys])
+            await asyncio.sleep(0.05)  # four calls running, four queued
+            rig.conn.close()
+            return await asyncio.wait_for(pending, timeout=5)
+
+        statuses = rig.run(exists_then_close())
+        assert sum(status.is_cancelled() for status in statuses) == 4
+        assert all(status.is_cancelled() or status.is_not_found() for status in statuses)
+    finally:
+        rig.close()

@@ -23,7 +23,7 @@ import itertools
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -61,7 +61,6 @@ class StoreStats:
     bytes_in: int = 0
     bytes_out: int = 0
     allocations: int = 0
-    calls: dict = field(default_factory=dict)
 
 
 class Store:
