@@ -4,6 +4,7 @@ Small objects with one job each, in the manner of redis-py's retry.py and
 backoff.py. The connector composes them; none of them knows about EIC.
 """
 
+import enum
 import logging
 import random
 import threading
@@ -52,9 +53,14 @@ class ExponentialBackoff:
         return ceiling / 2 + random.uniform(0, ceiling / 2)
 
 
+class BreakerState(str, enum.Enum):
+    CLOSED = "closed"
+    OPEN = "open"
+
+
 @dataclass(frozen=True)
 class BreakerSnapshot:
-    state: str  # "closed" or "open"
+    state: BreakerState
     consecutive_failures: int
     trips: int
     opened_at: float | None  # time.time() of the last trip while open
@@ -66,18 +72,14 @@ class CircuitBreaker:
 
     Only whole-call failures and timeouts count; a reply that answered for
     any key (hit or miss) proves the service is up and resets the count, so
-    a service that fails some keys keeps its cache (see
-    shared/docs/aibrix-integration.md section 5). The breaker never closes by
-    itself: Prober closes it after a successful probe.
+    a service that fails some keys keeps its cache. The breaker never
+    resets by itself: Prober resets it after a successful probe.
     """
-
-    CLOSED = "closed"
-    OPEN = "open"
 
     def __init__(
         self,
         threshold: int,
-        on_change: Callable[[str, str], None] | None = None,
+        on_change: Callable[[BreakerState, str], None] | None = None,
     ) -> None:
         self.threshold = threshold
         self._on_change = on_change
@@ -89,12 +91,13 @@ class CircuitBreaker:
         self._reason = ""
 
     @property
-    def is_open(self) -> bool:
+    def tripped(self) -> bool:
+        """True while requests must fail fast."""
         return self._open
 
     @property
-    def state(self) -> str:
-        return self.OPEN if self._open else self.CLOSED
+    def state(self) -> BreakerState:
+        return BreakerState.OPEN if self._open else BreakerState.CLOSED
 
     def record_success(self) -> None:
         if self._failures:
@@ -107,7 +110,7 @@ class CircuitBreaker:
             if self._open or self._failures < self.threshold:
                 return
             self._set_open_unsafe(f"{self._failures} consecutive failures, last: {reason}")
-        self._notify(self.OPEN)
+        self._notify(BreakerState.OPEN)
 
     def trip(self, reason: str) -> None:
         """Open at once (init failed, for instance)."""
@@ -116,16 +119,17 @@ class CircuitBreaker:
                 self._reason = reason
                 return
             self._set_open_unsafe(reason)
-        self._notify(self.OPEN)
+        self._notify(BreakerState.OPEN)
 
-    def close(self) -> None:
+    def reset(self) -> None:
+        """Close the circuit: requests go to EIC again."""
         with self._lock:
             if not self._open:
                 return
             self._open = False
             self._failures = 0
             self._opened_at = None
-        self._notify(self.CLOSED)
+        self._notify(BreakerState.CLOSED)
 
     def snapshot(self) -> BreakerSnapshot:
         with self._lock:
@@ -143,7 +147,7 @@ class CircuitBreaker:
         self._opened_at = time.time()
         self._reason = reason
 
-    def _notify(self, state: str) -> None:
+    def _notify(self, state: BreakerState) -> None:
         if self._on_change is not None:
             self._on_change(state, self._reason)
 
@@ -184,13 +188,13 @@ class Prober:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            if not self._breaker.is_open:
+            if not self._breaker.tripped:
                 self._wake.wait()
                 self._wake.clear()
                 continue
             if self._stop.wait(self._interval_s):
                 return
-            if not self._breaker.is_open:
+            if not self._breaker.tripped:
                 continue
             try:
                 recovered = self._attempt()
@@ -198,4 +202,4 @@ class Prober:
                 logger.exception("EIC recovery probe raised")
                 recovered = False
             if recovered and not self._stop.is_set():
-                self._breaker.close()
+                self._breaker.reset()

@@ -7,6 +7,7 @@ come back as CallResult: one HIT/MISS/FAIL per key plus whether the call as a
 whole failed, which is what the connector's retry and breaker logic need.
 """
 
+import enum
 import importlib
 import os
 from dataclasses import dataclass
@@ -17,9 +18,19 @@ from .config import ConfigError, EICConfig
 
 SDK_WHEEL_URL = "https://eic-sdk-release.tos-cn-beijing.volces.com/python/eic-1.5.2-py3-none-any.whl"
 
-# Per-key outcomes. FAIL may pass on a retry (transport, timeout, busy);
-# REJECTED will not (bad buffer, too large, no room, unknown namespace).
-HIT, MISS, FAIL, REJECTED = 0, 1, 2, 3
+
+class Outcome(enum.IntEnum):
+    """What one key of an SDK call came to. FAIL may pass on a retry
+    (transport, timeout, busy); REJECTED will not (bad buffer, too large, no
+    room, unknown namespace)."""
+
+    HIT = 0
+    MISS = 1
+    FAIL = 2
+    REJECTED = 3
+
+
+HIT, MISS, FAIL, REJECTED = Outcome.HIT, Outcome.MISS, Outcome.FAIL, Outcome.REJECTED
 
 # Codes that mean "this request can never succeed as sent". The vendor SDK's
 # names for such codes are unknown, so only the engine's are listed; any code
@@ -54,7 +65,7 @@ def load_sdk_module(config: EICConfig) -> ModuleType:
 
 @dataclass(frozen=True)
 class CallResult:
-    outcomes: list[int]  # HIT, MISS, FAIL or REJECTED for each key, in order
+    outcomes: list[Outcome]  # one per key, in order
     whole_call_failed: bool  # every key FAIL: a sign the service is down
     detail: str  # what the SDK said, for logs and error messages
 

@@ -75,7 +75,7 @@ def connector_level(iterations: int) -> dict:
     get_store("breaker-bench").faults.unreachable = True
     config = EICConfig.from_mapping({"remote_url": "local://breaker-bench", "probe_interval_s": 60.0})
     conn = EICConnector(config, "bench_conn", ThreadPoolExecutor(2))
-    assert conn.open().is_ok() and conn.breaker.is_open
+    assert conn.open().is_ok() and conn.breaker.tripped
     allocator = TensorPoolAllocator.create(capacity_nbytes=64 << 20)
     mrs = list(allocator.alloc([65536] * BLOCKS).get())
     keys = [i.to_bytes(16, "little") for i in range(BLOCKS)]

@@ -56,7 +56,7 @@ class ConnectorRig:
     def quiesce(self, timeout: float = 30.0) -> None:
         """Wait until no SDK call is in flight: every pool thread must pick
         up a barrier task, which it can only do once its earlier work ended."""
-        for pool in (self.conn._data_pool, self.conn._meta_pool):
+        for pool in (self.conn.link.data_pool, self.conn.link.meta_pool):
             if pool is None:
                 continue
             nthreads = pool.max_workers

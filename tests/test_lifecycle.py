@@ -13,8 +13,8 @@ def test_open_and_close_are_idempotent_and_close_drops_client_and_registrations(
     rig = ConnectorRig(remote_url="local://life").open()
     try:
         assert rig.conn.open().is_ok()  # second open: no new client
-        first_session = rig.conn._session
-        assert rig.conn.open().is_ok() and rig.conn._session is first_session
+        first_session = rig.conn.link.session
+        assert rig.conn.open().is_ok() and rig.conn.link.session is first_session
         slab = torch.zeros(1 << 20, dtype=torch.uint8)
         assert rig.conn.register_slabs([slab]).is_ok()
         assert rig.conn.health()["registered_regions"] == 1
@@ -54,17 +54,17 @@ def test_slabs_registered_again_on_a_new_client_after_reconnect(monkeypatch):
     try:
         slab = torch.zeros(1 << 20, dtype=torch.uint8)
         rig.conn.register_slabs([slab])
-        old_client = rig.conn._session.client
+        old_client = rig.conn.link.session.client
         # Make the current client stop answering, so the probe builds a new one.
         monkeypatch.setattr(old_client, "mexist", lambda keys: engine_failure(len(keys)))
         rig.conn.breaker.trip("test")
         deadline = time.monotonic() + 5
-        while rig.conn.breaker.is_open:
+        while rig.conn.breaker.tripped:
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        assert rig.conn._session.client is not old_client
+        assert rig.conn.link.session.client is not old_client
         assert len({client for client, _ in registrations}) == 2
-        assert rig.conn._session.regions == {(slab.data_ptr(), slab.numel())}
+        assert rig.conn.link.session.regions == {(slab.data_ptr(), slab.numel())}
     finally:
         rig.close()
 

@@ -86,7 +86,7 @@ def test_outage_gives_fast_misses_then_the_cache_returns_by_itself(manager, fail
             assert took < GET_TIMEOUT_MS / 1000 + SLACK_S
             status, took = timed(lambda: offload(manager, tokens(2, seed=100 + round_), seed=round_))
             assert took < PUT_TIMEOUT_MS / 1000 + SLACK_S
-    assert breaker_of(manager).is_open
+    assert breaker_of(manager).tripped
     assert any("circuit OPEN" in record.getMessage() for record in caplog.records)
 
     # Once open, the manager's calls no longer wait on EIC at all.
@@ -99,7 +99,7 @@ def test_outage_gives_fast_misses_then_the_cache_returns_by_itself(manager, fail
     while reload_tokens(manager, query) != 8 * BLOCK_NTOKENS:
         assert time.monotonic() - healed_at < PROBE_INTERVAL_S + EXISTS_TIMEOUT_MS / 1000 + 2.0
         time.sleep(0.02)
-    assert not breaker_of(manager).is_open
+    assert not breaker_of(manager).tripped
     assert manager.exists(None, query).get() == 8 * BLOCK_NTOKENS
 
 
@@ -111,18 +111,18 @@ def test_open_with_eic_down_serves_misses_then_connects(monkeypatch, tmp_path):
     try:
         query = tokens(4, seed=2)
         assert reload_tokens(cache, query) == 0
-        assert breaker_of(cache).is_open
+        assert breaker_of(cache).tripped
         assert "init returned -1" in cache._l2_cache._backend.health()["breaker_reason"]
         get_store("down-at-start").faults.clear()
         deadline = time.monotonic() + PROBE_INTERVAL_S + 2.0
-        while breaker_of(cache).is_open:
+        while breaker_of(cache).tripped:
             assert time.monotonic() < deadline
             time.sleep(0.02)
         assert offload(cache, query, seed=2).is_ok()
         assert reload_tokens(cache, query) == 4 * BLOCK_NTOKENS
         # Slabs given to register_slabs while down were registered on connect.
         connector = cache._l2_cache._backend
-        assert connector._regions.all() and connector._session.regions == set(connector._regions.all())
+        assert connector.link.regions.all() and connector.link.session.regions == set(connector.link.regions.all())
     finally:
         get_store("down-at-start").faults.clear()
         cache.close()
@@ -152,7 +152,7 @@ def test_partial_failures_do_not_trip_the_breaker(monkeypatch, tmp_path):
     try:
         for i in range(30):
             rig.run(rig.conn.mput([bytes([i]) * 16, bytes([i + 100]) * 16], rig.filled([b"a" * 4096, b"b" * 4096])))
-        assert not rig.conn.breaker.is_open
+        assert not rig.conn.breaker.tripped
         assert rig.conn.health()["put_failures"] > 0
     finally:
         rig.close()

@@ -1,0 +1,88 @@
+"""Request checks: what makes a request INVALID before anything is sent.
+
+Every rejection raises InvalidRequest with a message naming the index and the
+limit (`keys[3]`, `mrs[0]`); the connector turns it into Status(INVALID).
+"""
+
+from typing import Any, Sequence
+
+from aibrix_kvcache.memory import MemoryRegion
+
+from .regions import RegisteredRegions
+
+_MR_TYPES: set[type] = set()  # MemoryRegion subclasses seen; ABC isinstance is slow
+
+
+class InvalidRequest(Exception):
+    """Bad input; becomes Status(INVALID, message)."""
+
+
+def check_lengths(keys: Sequence[Any], mrs: Sequence[Any]) -> None:
+    if len(keys) == 0:
+        raise InvalidRequest("empty request: no keys")
+    if len(keys) != len(mrs):
+        raise InvalidRequest(f"{len(keys)} keys but {len(mrs)} memory regions")
+
+
+def check_keys(keys: Sequence[Any]) -> None:
+    for i, key in enumerate(keys):
+        if not isinstance(key, bytes):
+            raise InvalidRequest(f"keys[{i}] is a {type(key).__name__}, expected bytes")
+        if not key:
+            raise InvalidRequest(f"keys[{i}] is empty")
+
+
+class BlockChecker:
+    """Checks the memory regions of a request and describes them as SDK
+    buffers. In the compact layout every block has one size; the first
+    request teaches it unless the config states `block_nbytes`."""
+
+    def __init__(self, regions: RegisteredRegions, max_value_bytes: int, require_registration: bool,
+                 block_nbytes: int | None) -> None:  # fmt: skip
+        self._regions = regions
+        self._max_nbytes = max_value_bytes
+        self._require = require_registration
+        self._configured_block_nbytes = block_nbytes
+        self.block_nbytes = block_nbytes
+
+    def forget(self) -> None:
+        """Back to the configured block size (the connector was closed)."""
+        self.block_nbytes = self._configured_block_nbytes
+
+    def buffers(self, mrs: Sequence[Any], mark_registered: bool) -> list[tuple[int, int, bool]]:
+        """(addr, nbytes, registered) for each region."""
+        compact = MemoryRegion.use_compact_layout()
+        block_nbytes = self.block_nbytes
+        max_nbytes = self._max_nbytes
+        regions = self._regions
+        require = self._require
+        known_types = _MR_TYPES
+        buffers = []
+        for i, mr in enumerate(mrs):
+            if type(mr) not in known_types:
+                if not isinstance(mr, MemoryRegion):
+                    raise InvalidRequest(
+                        f"mrs[{i}] is a {type(mr).__name__}, expected a MemoryRegion (GDR MR lists are not supported)"
+                    )
+                known_types.add(type(mr))
+            nbytes = mr.length
+            if nbytes <= 0:
+                raise InvalidRequest(f"mrs[{i}] is empty")
+            if nbytes > max_nbytes:
+                raise InvalidRequest(f"mrs[{i}] holds {nbytes} bytes, more than max_value_bytes={max_nbytes}")
+            if compact:
+                if block_nbytes is None:
+                    block_nbytes = self.block_nbytes = nbytes
+                elif nbytes != block_nbytes:
+                    raise InvalidRequest(
+                        f"mrs[{i}] holds {nbytes} bytes but this connector's blocks are {block_nbytes} bytes"
+                    )
+            addr = mr.data_ptr()
+            registered = regions.contains(addr, nbytes)
+            if require and not registered:
+                raise InvalidRequest(
+                    f"mrs[{i}] at {addr:#x} ({nbytes} bytes) is not inside memory given to register_slabs "
+                    "and require_registration is set"
+                )
+            buffers.append((addr, nbytes, registered and mark_registered))
+        return buffers

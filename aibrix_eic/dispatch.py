@@ -1,0 +1,182 @@
+"""Dispatch: a request's keys split into SDK calls (chunks) of at most
+`batch_keys` keys and `batch_bytes` bytes, run concurrently on the link's
+pools under one deadline, with bounded retries of failed keys.
+
+Memory safety: a chunk holds a reference on each memory region it may touch
+from the moment it is built until its SDK call has returned, however late.
+Chunks still queued at the deadline are cancelled and never touch memory.
+"""
+
+import asyncio
+import logging
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from aibrix_kvcache.memory import MemoryRegion
+
+from .config import EICConfig
+from .counters import Counters
+from .link import Link
+from .logs import RateLimitedLogger
+from .pool import GET_PRIORITY, PUT_PRIORITY
+from .resilience import Deadline, ExponentialBackoff
+from .sdk import FAIL, MISS, CallResult, Outcome, SdkClient
+
+
+class Chunk:
+    """One SDK call's share of a request, and the memory it may touch."""
+
+    __slots__ = ("keys", "buffers", "mrs", "outcomes", "detail")
+
+    def __init__(self, keys: list[str], buffers: list, mrs: Sequence[MemoryRegion]):
+        self.keys = keys
+        self.buffers = buffers
+        self.mrs = mrs
+        self.outcomes: list[Outcome] | None = None  # set once the SDK answered
+        self.detail = ""
+        for mr in mrs:
+            mr.ref_up()
+
+    def release(self) -> None:
+        mrs, self.mrs = self.mrs, ()
+        for mr in mrs:
+            mr.ref_down()
+
+    def release_if_cancelled(self, future: Future) -> None:
+        # A cancelled future never ran, so its thread will not release.
+        if future.cancelled():
+            self.release()
+
+
+def failed_before_first_miss(outcomes: list[Outcome]) -> list[int]:
+    """Get retry rule: keys after a miss cannot be reported loaded, so
+    refetching them is waste."""
+    end = outcomes.index(MISS) if MISS in outcomes else len(outcomes)
+    return [i for i in range(end) if outcomes[i] == FAIL]
+
+
+def failed(outcomes: list[Outcome]) -> list[int]:
+    """Put and delete retry rule: every key that failed in transit."""
+    return [i for i, outcome in enumerate(outcomes) if outcome == FAIL]
+
+
+SdkCall = Callable[[SdkClient, list[str], list], CallResult]
+
+
+@dataclass(frozen=True)
+class Operation:
+    """How one kind of request is dispatched."""
+
+    name: str  # "get", "put", "delete": also the `<name>_timeout_ms` key
+    call: SdkCall
+    retryable: Callable[[list[Outcome]], list[int]]
+    metadata: bool = False  # on the small metadata pool, not the data pool
+    priority: int = GET_PRIORITY
+
+    def timeout_ms(self, config: EICConfig) -> float:
+        return getattr(config, f"{self.name}_timeout_ms")
+
+
+GET = Operation("get", lambda client, keys, buffers: client.mget(keys, buffers), failed_before_first_miss)
+PUT = Operation("put", lambda client, keys, buffers: client.mset(keys, buffers), failed, priority=PUT_PRIORITY)
+DELETE = Operation("delete", lambda client, keys, _: client.mdel(keys), failed, metadata=True)
+
+
+class Dispatcher:
+    def __init__(self, config: EICConfig, link: Link, counters: Counters, rate_log: RateLimitedLogger):
+        self._config = config
+        self._link = link  # the breaker is rebuilt on every open: always read it through the link
+        self._counters = counters
+        self._rate_log = rate_log
+        self._backoff = ExponentialBackoff(config.retry_backoff_ms / 1000, config.retry_backoff_max_ms / 1000)
+
+    def chunks(self, eic_keys: list[str], buffers: list | None, mrs: Sequence[MemoryRegion] | None) -> list[Chunk]:
+        step = self._config.batch_keys
+        if buffers:
+            # Big blocks: several calls, so their copies run on several threads.
+            step = max(1, min(step, self._config.batch_bytes // buffers[0][1]))
+        return [
+            Chunk(
+                eic_keys[start : start + step],
+                buffers[start : start + step] if buffers is not None else [],
+                mrs[start : start + step] if mrs is not None else (),
+            )
+            for start in range(0, len(eic_keys), step)
+        ]
+
+    async def run(self, op: Operation, client: SdkClient, chunks: list[Chunk]) -> float:
+        """Run the chunks concurrently; leaves each chunk's outcomes set, or
+        None where the deadline came first. Returns the timeout in ms."""
+        timeout_ms = op.timeout_ms(self._config)
+        deadline = Deadline(timeout_ms / 1000)
+        pool = self._link.meta_pool if op.metadata else self._link.data_pool
+        if pool is None:
+            for chunk in chunks:
+                chunk.release()
+            raise RuntimeError("the connector was closed during the request")
+        futures = []
+        try:
+            for chunk in chunks:
+                future = pool.submit(self._run_chunk, op, client, chunk, deadline, priority=op.priority)
+                future.add_done_callback(chunk.release_if_cancelled)
+                futures.append(future)
+        except RuntimeError:  # pool shut down by close()
+            for chunk in chunks[len(futures) :]:
+                chunk.release()
+            for future in futures:
+                future.cancel()
+            raise
+        loop = asyncio.get_running_loop()
+        waiters = [asyncio.wrap_future(future, loop=loop) for future in futures]
+        try:
+            _, pending = await asyncio.wait(waiters, timeout=deadline.remaining())
+        except asyncio.CancelledError:
+            for future in futures:
+                future.cancel()
+            raise
+        if pending:
+            for future in futures:
+                future.cancel()
+            self._counters.add(timeouts=1)
+            self._link.breaker.record_failure(f"{op.name} exceeded {op.name}_timeout_ms={timeout_ms:g}")
+            self._rate_log.log(
+                f"{op.name}-timeout", logging.WARNING, "EIC %s exceeded %s_timeout_ms=%g", op.name, op.name, timeout_ms
+            )
+        return timeout_ms
+
+    def _run_chunk(self, op: Operation, client: SdkClient, chunk: Chunk, deadline: Deadline) -> None:
+        try:
+            self._call_with_retry(op, client, chunk, deadline)
+        except BaseException as e:  # a bug here must still yield an answer
+            self._rate_log.log("chunk-internal", logging.ERROR, "EIC call failed internally: %r", e)
+            chunk.detail = f"internal error {e!r}"
+            chunk.outcomes = [FAIL] * len(chunk.keys)
+        finally:
+            chunk.release()
+
+    def _call_with_retry(self, op: Operation, client: SdkClient, chunk: Chunk, deadline: Deadline) -> None:
+        """Run one SDK call, then re-send keys it failed (never misses) while
+        the retry budget, the deadline and the breaker allow."""
+        link = self._link
+        result = op.call(client, chunk.keys, chunk.buffers)
+        link.observe(result)
+        outcomes, detail = list(result.outcomes), result.detail
+        for attempt in range(1, self._config.retry_attempts + 1):
+            again = op.retryable(outcomes)
+            if not again or link.breaker.tripped:
+                break
+            delay = self._backoff.compute(attempt)
+            if deadline.remaining() <= delay:
+                break
+            time.sleep(delay)
+            self._counters.add(retries=len(again))
+            buffers = [chunk.buffers[i] for i in again] if chunk.buffers else []
+            result = op.call(client, [chunk.keys[i] for i in again], buffers)
+            link.observe(result)
+            for j, i in enumerate(again):
+                outcomes[i] = result.outcomes[j]
+            detail = result.detail
+        chunk.detail = detail
+        chunk.outcomes = outcomes  # last: readers take outcomes as "call finished"

@@ -1,0 +1,202 @@
+"""The link to EIC: one SDK client and its memory registrations, the thread
+pools that run SDK calls, and the circuit breaker with its recovery probe.
+
+Everything here changes under one state lock: open and close, a probe
+swapping in a new client, register_slabs. Requests read `session` once and
+use that object to the end, so a swap never changes a client under a call.
+"""
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from types import ModuleType
+
+from aibrix_kvcache.status import Status, StatusCodes
+
+from .config import ConfigError, EICConfig
+from .logs import RateLimitedLogger
+from .pool import PriorityThreadPool
+from .regions import RegisteredRegions
+from .resilience import BreakerState, CircuitBreaker, Prober, call_with_timeout
+from .sdk import CallResult, SdkClient
+
+logger = logging.getLogger(__name__)
+
+_OK = Status.ok()
+META_THREADS = 4  # exists, delete: small calls kept off the data pool
+
+
+@dataclass
+class Session:
+    client: SdkClient
+    registration_ok: bool = True  # no register_memory on this client failed
+    regions: set[tuple[int, int]] = dataclasses.field(default_factory=set)  # registered on it
+
+
+class Link:
+    def __init__(self, config: EICConfig, module: ModuleType | None, key_prefix: str, rate_log: RateLimitedLogger):
+        self._config = config
+        self._module = module
+        self._key_prefix = key_prefix
+        self._rate_log = rate_log
+        self.regions = RegisteredRegions()
+        self._state_lock = threading.RLock()
+        self.is_open = False
+        self.session: Session | None = None
+        self.data_pool: PriorityThreadPool | None = None
+        self.meta_pool: PriorityThreadPool | None = None
+        self._new_breaker()
+
+    # ----------------------------------------------------------- lifecycle
+    def open(self) -> Status:
+        """Connect and start the pools and the prober. With fail_open an
+        unreachable EIC is no error: the breaker starts open instead."""
+        with self._state_lock:
+            if self.is_open:
+                return _OK
+            try:
+                session, error = self._connect()
+            except ConfigError as e:
+                return Status(StatusCodes.INVALID, str(e))
+            if session is None and not self._config.fail_open:
+                return Status(StatusCodes.ERROR, f"EIC open failed: {error}")
+            self.data_pool = PriorityThreadPool(self._config.eic_thread_num, "aibrix_eic_data")
+            self.meta_pool = PriorityThreadPool(META_THREADS, "aibrix_eic_meta")
+            self._new_breaker()
+            self.session = session
+            self.is_open = True
+            if session is None:
+                self.breaker.trip(f"open: {error}")
+            self._prober.start()
+        if session is not None:
+            self._warm_up(session)
+        return _OK
+
+    def close(self) -> None:
+        with self._state_lock:
+            self.regions.clear()
+            if not self.is_open:
+                return
+            self.is_open = False
+            self._prober.stop()
+            self.session = None
+            for pool in (self.data_pool, self.meta_pool):
+                if pool is not None:
+                    pool.shutdown()
+            self.data_pool = self.meta_pool = None
+
+    # -------------------------------------------------------- registration
+    def register(self, regions: list[tuple[int, int]], cuda_device: int | None) -> tuple[int, str]:
+        """Remember regions and register the new ones on the current client
+        (again on every client made later). (bytes newly registered, error)."""
+        with self._state_lock:  # against a probe swapping in a new client
+            new_regions = self.regions.add(regions, cuda_device)
+            session = self.session
+            if session is None or not new_regions:
+                return 0, ""
+            return sum(n for _, n in new_regions), self._register(session, new_regions)
+
+    def _register(self, session: Session, regions: list[tuple[int, int]]) -> str:
+        ok, message = session.client.register(regions, self.regions.cuda_device)
+        if ok:
+            session.regions.update(regions)
+            return ""
+        session.registration_ok = False
+        logger.warning("EIC %s; buffers are passed as unregistered", message)
+        return message
+
+    def _connect(self) -> tuple[Session | None, str]:
+        client, error = SdkClient.connect(self._module, self._config)
+        if client is None:
+            return None, error
+        session = Session(client)
+        regions = self.regions.all()
+        if regions:
+            error = self._register(session, regions)
+            if error and self._config.require_registration:
+                return None, error
+        return session, ""
+
+    # ------------------------------------------------------ breaker, probe
+    def _new_breaker(self) -> None:
+        # A new breaker per open(): a closed-and-reopened connector starts clean.
+        self.breaker = CircuitBreaker(self._config.breaker_failures, on_change=self._on_breaker_change)
+        self._prober = Prober(self.breaker, self._probe, self._config.probe_interval_s)
+
+    def _on_breaker_change(self, state: BreakerState, reason: str) -> None:
+        if state is BreakerState.OPEN:
+            logger.warning(
+                "EIC circuit OPEN for %s (%s): gets and exists return NOT_FOUND, puts are "
+                "skipped, until a probe (every %gs) sees EIC answer again",
+                self._config.remote_url,
+                reason,
+                self._config.probe_interval_s,
+            )
+            self._prober.wake()
+        else:
+            logger.warning("EIC circuit CLOSED for %s: EIC answers again, cache resumed", self._config.remote_url)
+
+    def observe(self, result: CallResult) -> None:
+        """Breaker accounting for one SDK reply."""
+        if result.whole_call_failed:
+            self.breaker.record_failure(result.detail)
+            self._rate_log.log("call-failed", logging.WARNING, "EIC call failed: %s", result.detail)
+        else:
+            self.breaker.record_success()
+
+    def _warm_up(self, session: Session) -> None:
+        """One bounded mexist over random keys, so the SDK opens its agent
+        connections now rather than on the first request."""
+        nkeys = self._config.warmup_keys
+        if nkeys <= 0:
+            return
+        keys = [f"{self._key_prefix}w{os.urandom(12).hex()}" for _ in range(nkeys)]
+        started = time.perf_counter()
+        finished, result = call_with_timeout(
+            lambda: session.client.mexist(keys), self._config.warmup_timeout_ms / 1000, "aibrix_eic_warmup"
+        )
+        if not finished:
+            logger.warning("EIC warm-up did not finish within warmup_timeout_ms=%s", self._config.warmup_timeout_ms)
+            return
+        logger.info(
+            "EIC warm-up: %d probe keys in one mexist, %.1f ms (%s)",
+            nkeys,
+            (time.perf_counter() - started) * 1000,
+            "ok" if not result.whole_call_failed else result.detail,
+        )
+
+    def _probe(self) -> bool:
+        """Prober callback: True when EIC answers again. Reuses the current
+        client if it answers, else builds and initialises a new one."""
+        session = self.session
+        if session is not None and self._answers(session):
+            return True
+        try:
+            fresh, error = self._connect()
+        except ConfigError as e:  # cannot happen after a successful open
+            fresh, error = None, str(e)
+        if fresh is None:
+            self._rate_log.log("probe", logging.INFO, "EIC probe: still unavailable: %s", error)
+            return False
+        if not self._answers(fresh):
+            return False
+        with self._state_lock:
+            if not self.is_open:
+                return False
+            # Slabs may have been registered since _connect read the list.
+            missing = [region for region in self.regions.all() if region not in fresh.regions]
+            if missing:
+                self._register(fresh, missing)
+            self.session = fresh
+        return True
+
+    def _answers(self, session: Session) -> bool:
+        # Own thread, not a pool: hung calls may be holding every pool thread.
+        probe_key = f"{self._key_prefix}p{os.urandom(8).hex()}"
+        finished, result = call_with_timeout(
+            lambda: session.client.mexist([probe_key]), self._config.exists_timeout_ms / 1000, "aibrix_eic_probe_call"
+        )
+        return finished and not result.whole_call_failed
