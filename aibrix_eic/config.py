@@ -8,13 +8,14 @@ what was expected.
 
 import dataclasses
 import difflib
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import yaml
 
-from .units import parse_size
+from .units import exact_size_text, parse_size
 
 ENV_CONFIG = "AIBRIX_KV_CACHE_OL_EIC_CONFIG"
 ENV_CONFIG_UPSTREAM = "AIBRIX_KV_CACHE_OL_EIC_CONFIG_FILE"
@@ -109,8 +110,14 @@ class EICConfig:
             mark = getattr(e, "problem_mark", None)
             at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             raise ConfigError(path, None, f"is not valid YAML{at}: {getattr(e, 'problem', e)}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(
+                path, None, f"is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); save it as UTF-8"
+            ) from None
         except OSError as e:
             raise ConfigError(path, None, f"cannot be read: {e.strerror}") from None
+        except (ValueError, RecursionError) as e:  # whatever else a hostile file makes the parser raise
+            raise ConfigError(path, None, f"could not be parsed: {e!r}") from None
         if data is None:
             raise ConfigError(path, None, "is empty; expected a mapping with at least remote_url")
         if not isinstance(data, dict):
@@ -209,26 +216,83 @@ def _unknown_key_hint(key: str, known: set[str]) -> str:
 
 
 # ------------------------------------------------------------ type checks
+GiB = 1024**3
+
+# Inclusive (lowest, highest) of every numeric key. Wide enough for any real
+# deployment, narrow enough that no value can overflow a thread join, a sleep
+# or a pool, or start thousands of threads. docs/config.md states each one.
+BOUNDS: dict[str, tuple[int | float, int | float]] = {
+    "eic_thread_num": (1, 1024),
+    "eic_log_level": (0, 255),
+    "eic_trans_type": (0, 255),
+    "eic_kv_ttl": (-1, 2**31 - 1),
+    "batch_keys": (1, 65536),
+    "batch_bytes": (1, 64 * GiB),
+    "get_timeout_ms": (0.001, 3_600_000),
+    "put_timeout_ms": (0.001, 3_600_000),
+    "exists_timeout_ms": (0.001, 3_600_000),
+    "delete_timeout_ms": (0.001, 3_600_000),
+    "retry_attempts": (0, 100),
+    "retry_backoff_ms": (0.001, 60_000),
+    "retry_backoff_max_ms": (0.001, 60_000),
+    "breaker_failures": (1, 1_000_000),
+    "probe_interval_s": (0.001, 3600),
+    "warmup_keys": (0, 65536),
+    "warmup_timeout_ms": (0.001, 3_600_000),
+    "max_value_bytes": (1, 4 * GiB),
+    "block_nbytes": (1, 4 * GiB),
+}
+_SIZE_KEYS = frozenset({"batch_bytes", "max_value_bytes", "block_nbytes"})
+
+
+def bound_text(key: str) -> str:
+    """The range of a numeric key as docs/config.md writes it."""
+    low, high = BOUNDS[key]
+    return f"{_limit_text(key, low)} to {_limit_text(key, high)}"
+
+
+def _limit_text(key: str, limit: int | float) -> str:
+    if key in _SIZE_KEYS:
+        return exact_size_text(int(limit))
+    return str(int(limit)) if float(limit).is_integer() else str(limit)
+
+
 def _type_name(raw: Any) -> str:
     return "null" if raw is None else type(raw).__name__
 
 
-def _int(minimum: int | None = None):
-    def check(source: str, key: str, raw: Any) -> int:
-        if isinstance(raw, bool) or not isinstance(raw, int):
-            raise ConfigError(source, key, f"expected an integer, got {_type_name(raw)} {raw!r}")
-        if minimum is not None and raw < minimum:
-            raise ConfigError(source, key, f"expected an integer >= {minimum}, got {raw}")
-        return raw
+def _at_most(source: str, key: str, value: int | float, shown: Any) -> None:
+    high = BOUNDS[key][1]
+    if value > high:
+        raise ConfigError(source, key, f"expected at most {_limit_text(key, high)}, got {shown!r}")
 
-    return check
+
+def _int(source: str, key: str, raw: Any) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise ConfigError(source, key, f"expected an integer, got {_type_name(raw)} {raw!r}")
+    low = BOUNDS[key][0]
+    if raw < low:
+        raise ConfigError(source, key, f"expected an integer >= {low}, got {raw}")
+    _at_most(source, key, raw, raw)
+    return raw
 
 
 def _positive_number(source: str, key: str, raw: Any) -> float:
+    if isinstance(raw, str):  # YAML 1.1 reads 1e3 (no dot) as a string
+        try:
+            raw = float(raw)
+        except ValueError:
+            raise ConfigError(source, key, f"expected a number, got str {raw!r}") from None
     if isinstance(raw, bool) or not isinstance(raw, (int, float)):
         raise ConfigError(source, key, f"expected a number, got {_type_name(raw)} {raw!r}")
+    if isinstance(raw, float) and not math.isfinite(raw):  # YAML's .nan and .inf
+        raise ConfigError(source, key, f"expected a finite number, got {raw}")
     if raw <= 0:
         raise ConfigError(source, key, f"expected a number > 0, got {raw}")
+    _at_most(source, key, raw, raw)  # before float(): a YAML int can exceed any float
+    low = BOUNDS[key][0]
+    if raw < low:
+        raise ConfigError(source, key, f"expected at least {_limit_text(key, low)}, got {raw}")
     return float(raw)
 
 
@@ -259,6 +323,7 @@ def _size(source: str, key: str, raw: Any) -> int:
         raise ConfigError(source, key, str(e)) from None
     if nbytes <= 0:
         raise ConfigError(source, key, f"expected a size > 0, got {raw!r}")
+    _at_most(source, key, nbytes, raw)
     return nbytes
 
 
@@ -269,26 +334,26 @@ def _optional_size(source: str, key: str, raw: Any) -> int | None:
 _KEY_CHECKS = {
     "remote_url": _str,
     "eic_instance_id": _str,
-    "eic_thread_num": _int(minimum=1),
+    "eic_thread_num": _int,
     "eic_log_dir": _optional_str,
-    "eic_log_level": _int(minimum=0),
-    "eic_trans_type": _int(minimum=0),
-    "eic_kv_ttl": _int(),
+    "eic_log_level": _int,
+    "eic_trans_type": _int,
+    "eic_kv_ttl": _int,
     "eic_kv_ns": _str,
     "eic_flag_file": _optional_str,
-    "batch_keys": _int(minimum=1),
+    "batch_keys": _int,
     "batch_bytes": _size,
     "get_timeout_ms": _positive_number,
     "put_timeout_ms": _positive_number,
     "exists_timeout_ms": _positive_number,
     "delete_timeout_ms": _positive_number,
-    "retry_attempts": _int(minimum=0),
+    "retry_attempts": _int,
     "retry_backoff_ms": _positive_number,
     "retry_backoff_max_ms": _positive_number,
-    "breaker_failures": _int(minimum=1),
+    "breaker_failures": _int,
     "probe_interval_s": _positive_number,
     "fail_open": _bool,
-    "warmup_keys": _int(minimum=0),
+    "warmup_keys": _int,
     "warmup_timeout_ms": _positive_number,
     "require_registration": _bool,
     "put_registered": _bool,

@@ -4,6 +4,7 @@ Shared by the YAML config and the embedded engine's endpoint parameters, so
 both accept the same spellings and give the same error messages.
 """
 
+import math
 import re
 
 _SIZE_UNITS = {
@@ -44,7 +45,10 @@ def parse_size(text: str | int) -> int:
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _SIZE_UNITS:
         raise ValueError(f"expected a size such as 4GiB, 512MiB or 65536, got {text!r}")
-    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+    nbytes = float(match.group(1)) * _SIZE_UNITS[unit]
+    if not math.isfinite(nbytes):  # "1e400": int() of it would raise OverflowError
+        raise ValueError(f"size {text!r} is too large")
+    return int(nbytes)
 
 
 def parse_duration(text: str | int | float) -> float:
@@ -63,7 +67,19 @@ def parse_duration(text: str | int | float) -> float:
         return 0.0
     if unit not in _DURATION_UNITS:
         raise ValueError(f"a duration needs a unit (ns, us, ms, s), got {text!r}")
-    return value * _DURATION_UNITS[unit]
+    seconds = value * _DURATION_UNITS[unit]
+    if not math.isfinite(seconds):
+        raise ValueError(f"duration {text!r} is too large")
+    return seconds
+
+
+def exact_size_text(nbytes: int) -> str:
+    """"64GiB" when nbytes is a whole number of a binary unit, else bytes:
+    for bounds in messages and docs, where "64.0GiB" would read as rounded."""
+    for unit, factor in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if nbytes >= factor and nbytes % factor == 0:
+            return f"{nbytes // factor}{unit}"
+    return f"{nbytes}B"
 
 
 def format_size(nbytes: int) -> str:

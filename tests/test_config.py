@@ -200,3 +200,153 @@ def test_config_file_is_the_only_reader(tmp_path):
     # from_mapping validates without touching the file system for local://.
     config = EICConfig.from_mapping({"remote_url": "local://x"}, source="inline")
     assert config.source == "inline" and not os.path.exists("inline")
+
+
+# ------------------------------------------------ values that used to escape
+NUMBER_KEYS = [
+    "get_timeout_ms",
+    "put_timeout_ms",
+    "exists_timeout_ms",
+    "delete_timeout_ms",
+    "warmup_timeout_ms",
+    "retry_backoff_ms",
+    "retry_backoff_max_ms",
+    "probe_interval_s",
+]
+
+
+def test_non_utf8_file_is_a_config_error_naming_the_file(tmp_path):
+    path = tmp_path / "eic.yaml"
+    path.write_bytes(b"remote_url: local://\neic_kv_ns: caf\xe9\n")
+    with pytest.raises(ConfigError) as info:
+        EICConfig.load(str(path))
+    assert str(path) in str(info.value) and "UTF-8" in str(info.value)
+    with pytest.raises(ConfigError):
+        EICConfig.from_env({"AIBRIX_KV_CACHE_OL_EIC_CONFIG": str(path)})
+
+
+def test_non_utf8_file_makes_l2cache_open_invalid_instead_of_raising(tmp_path, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from aibrix_kvcache.l2.l2_cache import L2Cache
+
+    from harness import block_spec
+
+    path = tmp_path / "eic.yaml"
+    path.write_bytes(b"remote_url: local://\n\xff\xfe: 1\n")
+    monkeypatch.setenv("AIBRIX_KV_CACHE_OL_EIC_CONFIG", str(path))
+    cache = L2Cache("EIC", "SIMPLE", "aibrix", block_spec(), ThreadPoolExecutor(1))
+    status = cache.open()
+    assert status.is_invalid() and str(path) in str(status.value)
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", ".NaN"])
+@pytest.mark.parametrize("key", NUMBER_KEYS)
+def test_non_finite_numbers_are_rejected(tmp_path, key, value):
+    error = error_of(tmp_path, f"remote_url: local://\n{key}: {value}\n")
+    assert error.key == key
+    assert "finite" in str(error) or "> 0" in str(error)
+
+
+@pytest.mark.parametrize("key", NUMBER_KEYS)
+def test_huge_numbers_are_rejected_naming_the_key(tmp_path, key):
+    # A YAML float, YAML 1.1's string "1e13" (no dot), an int float() cannot hold.
+    for value in ("1.0e+13", "1e13", "1" + "0" * 400):
+        error = error_of(tmp_path, f"remote_url: local://\n{key}: {value}\n")
+        assert error.key == key and "at most" in str(error), (value, error)
+
+
+def test_warmup_timeout_that_overflows_a_thread_join_is_rejected_at_load(tmp_path):
+    # 1e13 ms is past threading.TIMEOUT_MAX on Linux: it broke open().
+    error = error_of(tmp_path, "remote_url: local://\nwarmup_timeout_ms: 1.0e+13\n")
+    assert error.key == "warmup_timeout_ms" and "at most" in str(error)
+    with pytest.raises(ConfigError) as info:
+        EICConfig.from_mapping({"remote_url": "local://", "warmup_timeout_ms": 1e13})
+    assert info.value.key == "warmup_timeout_ms"
+
+
+def test_numbers_written_without_a_dot_are_numbers(tmp_path):
+    # YAML 1.1 reads 1e3 as a string; the operator meant a number.
+    config = load_text(tmp_path, "remote_url: local://\nget_timeout_ms: 1e3\nprobe_interval_s: '2.5'\n")
+    assert config.get_timeout_ms == 1000.0 and config.probe_interval_s == 2.5
+
+
+@pytest.mark.parametrize("key", ["batch_bytes", "max_value_bytes", "block_nbytes"])
+@pytest.mark.parametrize("value", ['"1e400"', '"1e400KiB"', '"1e300GiB"', "1" + "0" * 40])
+def test_sizes_that_overflow_are_a_config_error_naming_the_key(tmp_path, key, value):
+    error = error_of(tmp_path, f"remote_url: local://\n{key}: {value}\n")
+    assert error.key == key
+    assert "too large" in str(error) or "at most" in str(error)
+
+
+@pytest.mark.parametrize(
+    "param",
+    [
+        "capacity=1e400",
+        "capacity=1e300GiB",
+        "capacity=2000TiB",
+        "max_value=1e400",
+        "max_value=8GiB",
+        "latency=1e400s",
+        "latency=1e300m",
+        "latency=7200s",
+    ],
+)
+def test_engine_parameters_that_overflow_name_the_parameter(tmp_path, param):
+    name = param.split("=")[0]
+    error = error_of(tmp_path, f"remote_url: 'local://?{param}'\n")
+    assert error.key == "remote_url"
+    assert name in str(error)
+
+
+@pytest.mark.parametrize(
+    "line, key",
+    [
+        ("eic_thread_num: 100000", "eic_thread_num"),
+        ("batch_keys: 10000000", "batch_keys"),
+        ("retry_attempts: 1000", "retry_attempts"),
+        ("breaker_failures: 10000000000", "breaker_failures"),
+        ("warmup_keys: 10000000", "warmup_keys"),
+        ("eic_kv_ttl: 10000000000", "eic_kv_ttl"),
+        ("eic_log_level: 100000", "eic_log_level"),
+        ("eic_trans_type: 100000", "eic_trans_type"),
+        ("batch_bytes: 1TiB", "batch_bytes"),
+        ("max_value_bytes: 8GiB", "max_value_bytes"),
+        ("probe_interval_s: 0.00001", "probe_interval_s"),
+        ("retry_backoff_max_ms: 600000", "retry_backoff_max_ms"),
+    ],
+)
+def test_values_outside_their_bounds_name_the_key_and_the_bound(tmp_path, line, key):
+    error = error_of(tmp_path, f"remote_url: local://\n{line}\n")
+    assert error.key == key
+    assert "at most" in str(error) or "at least" in str(error)
+
+
+def test_values_at_their_bounds_are_accepted(tmp_path):
+    from aibrix_eic.config import BOUNDS
+
+    lines = ["remote_url: local://"]
+    for key, (low, high) in BOUNDS.items():
+        if key in ("block_nbytes", "batch_bytes", "max_value_bytes"):
+            continue  # sizes are cross-checked against each other below
+        lines.append(f"{key}: {high}")
+    config = load_text(tmp_path, "\n".join(lines) + "\n")
+    for key, (_, high) in BOUNDS.items():
+        if key not in ("block_nbytes", "batch_bytes", "max_value_bytes"):
+            assert getattr(config, key) == high
+    low_lines = ["remote_url: local://"] + [
+        f"{key}: {low}" for key, (low, _) in BOUNDS.items() if key not in ("retry_backoff_max_ms", "eic_kv_ttl")
+    ]
+    assert load_text(tmp_path, "\n".join(low_lines) + "\n")
+
+
+def test_every_number_key_has_its_bound_in_the_docs():
+    from pathlib import Path
+
+    from aibrix_eic.config import BOUNDS, bound_text
+
+    docs = (Path(__file__).parent.parent / "docs" / "config.md").read_text()
+    for key in BOUNDS:
+        row = next((line for line in docs.splitlines() if line.startswith(f"| `{key}` |")), None)
+        assert row is not None, key
+        assert bound_text(key) in row.split("|")[2], f"{key}: docs/config.md does not state {bound_text(key)!r}"

@@ -19,8 +19,14 @@ import threading
 from typing import Any, Callable
 from urllib.parse import parse_qsl
 
-from ..units import parse_duration, parse_size
+from ..units import exact_size_text, parse_duration, parse_size
 from .store import Store
+
+# Upper bounds of the numeric parameters: far above any test or benchmark,
+# low enough that no value overflows a sleep or an allocation size.
+MAX_CAPACITY = 1024**5  # 1 PiB
+MAX_VALUE = 4 * 1024**3
+MAX_LATENCY_S = 3600.0
 
 
 def _parse_bool(text: str) -> bool:
@@ -39,6 +45,23 @@ def _parse_rate(text: str) -> float:
     return rate
 
 
+def _bounded_size(maximum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        nbytes = parse_size(text)
+        if nbytes > maximum:
+            raise ValueError(f"expected at most {exact_size_text(maximum)}, got {text!r}")
+        return nbytes
+
+    return parse
+
+
+def _parse_latency(text: str) -> float:
+    seconds = parse_duration(text)
+    if seconds > MAX_LATENCY_S:
+        raise ValueError(f"expected at most {MAX_LATENCY_S:g}s, got {text!r}")
+    return seconds
+
+
 def _parse_namespaces(text: str) -> list[str]:
     return [ns for ns in text.split(",")]
 
@@ -49,10 +72,10 @@ def _parse_seed(text: str) -> int:
 
 # param name -> (parser, where it applies)
 ENDPOINT_PARAMS: dict[str, Callable[[str], Any]] = {
-    "capacity": parse_size,
-    "max_value": parse_size,
+    "capacity": _bounded_size(MAX_CAPACITY),
+    "max_value": _bounded_size(MAX_VALUE),
     "namespaces": _parse_namespaces,
-    "latency": parse_duration,
+    "latency": _parse_latency,
     "fail_rate": _parse_rate,
     "key_fail_rate": _parse_rate,
     "unreachable": _parse_bool,
