@@ -70,14 +70,39 @@ def test_seventy_b_tp8_shape_is_forty_kib_per_token(capsys):
     assert summary["tokens"]["reloaded"] == 96
 
 
-def test_text_report_and_plot(capsys, tmp_path):
-    png = tmp_path / "bench.png"
-    code, out, _ = run_bench(capsys, *SMALL, "--plot", str(png))
+def test_text_report(capsys):
+    code, out, _ = run_bench(capsys, *SMALL)
     assert code == 0
     assert "offload" in out and "GB/s" in out and "p99" in out
     assert "hit rate  100.0%" in out
     assert "0 mismatched blocks" in out
+
+
+def test_text_report_and_plot(capsys, tmp_path):
+    pytest.importorskip("matplotlib", reason="--plot needs the plot extra (matplotlib)")
+    png = tmp_path / "bench.png"
+    code, out, _ = run_bench(capsys, *SMALL, "--plot", str(png))
+    assert code == 0
+    assert "hit rate  100.0%" in out
+    assert f"plot      {png}" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_fails_before_the_benchmark_runs(capsys, tmp_path, monkeypatch):
+    import aibrix_eic.cli.bench as bench
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the benchmark ran although --plot cannot draw")
+
+    monkeypatch.setattr(bench, "ManagerDriver", must_not_run)
+    png = tmp_path / "bench.png"
+    code, out, err = run_bench(capsys, *SMALL, "--plot", str(png))
+    assert code == 2
+    assert out == ""
+    assert "--plot needs matplotlib, which is not installed: pip install matplotlib" in err
+    assert not png.exists()
 
 
 def test_unreachable_engine_exits_1_and_points_to_check(capsys, tmp_path):
@@ -88,11 +113,23 @@ def test_unreachable_engine_exits_1_and_points_to_check(capsys, tmp_path):
     assert "aibrix-eic check" in err
 
 
-def test_bad_config_exits_1(capsys, tmp_path):
+def test_bad_config_exits_1_with_a_readable_message(capsys, tmp_path):
     path = write_config(str(tmp_path / "eic.yaml"), remote_url="local://", eic_kv_ttl="soon")
     code, _, err = run_bench(capsys, *SMALL, "--config", path)
     assert code == 1
-    assert "eic_kv_ttl" in err
+    assert f"aibrix-eic bench: EIC config {path}: eic_kv_ttl: expected an integer, got str 'soon'" in err
+    assert "Status(" not in err and "StatusCodes" not in err
+
+
+def test_manager_failures_are_shown_without_the_status_repr():
+    from aibrix_eic.cli.driver import readable_failure
+
+    message = "EIC config /etc/eic.yaml: eic_kv_ns: expected a string, got int 3"
+    assert readable_failure(RuntimeError(f"Status(error_code=StatusCodes.INVALID, value={message})")) == message
+    assert readable_failure(RuntimeError("Status(error_code=StatusCodes.ERROR)")) == "status ERROR"
+    traced = "Status(error_code=StatusCodes.ERROR, value=boom), trace:\nTraceback (most recent call last):\n  ...)"
+    assert readable_failure(RuntimeError(traced)) == "boom"
+    assert readable_failure(RuntimeError("something else")) == "something else"
 
 
 def test_corrupted_reload_is_counted_and_fails(capsys, monkeypatch):

@@ -3,6 +3,7 @@ an unreachable and a faulty engine, bad configs, a missing SDK, and stores
 that lie (wrong bytes, deletes that do nothing, namespaces that leak)."""
 
 import ctypes
+import json
 import os
 import subprocess
 import sys
@@ -202,3 +203,48 @@ def test_unreachable_check_exits_1_from_the_console_script(tmp_path):
     done = subprocess.run([script, "check", "--config", path], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert "init returned -1" in done.stdout
+
+
+def test_sdk_step_shows_the_store_as_remote_url_configures_it(capsys, tmp_path):
+    # The store's default capacity is 4 GiB; the step must show the 16 GiB
+    # that remote_url asks for, which Client.init applies.
+    path = config_file(tmp_path, remote_url="local://sized?capacity=16GiB&latency=1ms")
+    code, out = run_check(capsys, "--config", path)
+    assert code == 0, out
+    sdk_line = next(line for line in out.splitlines() if line.split()[1:2] == ["sdk"])
+    assert "capacity 16.0GiB" in sdk_line and "latency 1 ms" in sdk_line
+
+
+def test_json_gives_one_object_per_step(capsys):
+    code, out = run_check(capsys, "--json")
+    assert code == 0
+    document = json.loads(out)  # nothing but the document on stdout
+    assert document["verdict"] == "PASS" and document["failed_step"] is None
+    assert [step["name"] for step in document["steps"]] == list(STEPS)
+    for step in document["steps"]:
+        assert step["verdict"] == "PASS"
+        assert step["ms"] >= 0 and step["detail"]
+        assert step["fix"] is None
+
+
+def test_json_failure_names_the_step_and_the_fix(capsys, tmp_path):
+    path = config_file(tmp_path, remote_url="local://down?unreachable=true")
+    code, out = run_check(capsys, "--config", path, "--json")
+    assert code == 1
+    document = json.loads(out)
+    assert document["verdict"] == "FAIL" and document["failed_step"] == "open"
+    steps = {step["name"]: step for step in document["steps"]}
+    assert "unreachable" in steps["open"]["detail"]
+    assert "unreachable=true" in steps["open"]["fix"]
+    assert steps["register"]["verdict"] == "SKIP"
+
+
+def test_version_names_ours_and_what_we_run_with(capsys):
+    from aibrix_eic import __version__
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"aibrix-eic {__version__} (aibrix-kvcache 0.8")
+    assert "torch " in out and "Python 3." in out

@@ -1,6 +1,6 @@
 """The `aibrix-eic` command (also `python -m aibrix_eic`).
 
-    aibrix-eic check [--config FILE]    is the connector ready? (exit 1 if not)
+    aibrix-eic check [--config FILE] [--json]    is the connector ready? (exit 1 if not)
     aibrix-eic bench [--config FILE]    offload/reload through AIBrix's cache manager
 
 Argument parsing only; each command lives in its own module and is imported
@@ -34,6 +34,25 @@ def _whole_number(minimum: int):
     return parse
 
 
+def version_line() -> str:
+    """Our version and the versions it runs with, for bug reports. Read
+    from installed metadata, so nothing heavy is imported."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from .. import __version__
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return (
+        f"aibrix-eic {__version__} (aibrix-kvcache {installed('aibrix-kvcache')}, "
+        f"torch {installed('torch')}, Python {sys.version.split()[0]})"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .shapes import DEFAULT_SHAPE, SHAPES
 
@@ -41,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="aibrix-eic",
         description="Check and benchmark the EIC L2 connector for AIBrix KV-cache offloading.",
     )
+    parser.add_argument("--version", action="version", version=version_line())
     commands = parser.add_subparsers(dest="command", required=True, metavar="{check,bench}")
 
     config_help = (
@@ -59,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--block-size", type=_size, metavar="SIZE", help="bytes of the test block (default: the config's "
         "block_nbytes, else 2MiB)"
     )
+    check.add_argument("--json", action="store_true", help="print one JSON document (a list of steps) instead of text")
     check.add_argument("-v", "--verbose", action="store_true", help="show library logs")
 
     from ..units import format_size
@@ -109,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "check":
             from .check import run_check
 
-            return run_check(args.config, args.block_size, routed_at_start, sys.stdout)
+            return run_check(args.config, args.block_size, routed_at_start, sys.stdout, as_json=args.json)
         from .bench import run_bench
 
         return run_bench(args, sys.stdout, sys.stderr)

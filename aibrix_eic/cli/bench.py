@@ -11,7 +11,7 @@ import json
 import time
 from typing import Any, TextIO
 
-from ..config import ENV_CONFIG
+from ..config import ENV_CONFIG, ConfigError, EICConfig
 from .driver import ManagerDriver, ManagerUnavailable, RequestResult
 from .progress import ProgressBar
 from .report import render_text, summarize
@@ -21,8 +21,22 @@ from .shapes import SHAPES
 
 def run_bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     shape = SHAPES[args.model]
+    if args.plot:
+        from .plot import PlotUnavailable, require_matplotlib
+
+        try:
+            require_matplotlib()
+        except PlotUnavailable as e:
+            print(f"aibrix-eic bench: {e}", file=err)
+            return 2
     env = {ENV_CONFIG: args.config} if args.config else {}
     with scoped_env(env):
+        try:
+            EICConfig.from_env()  # the connector validates it again; this fails before any setup
+        except ConfigError as e:
+            print(f"aibrix-eic bench: {e}", file=err)
+            print("docs/config.md lists every key; `aibrix-eic check` runs the same validation", file=err)
+            return 1
         try:
             driver = ManagerDriver(shape, args.tokens, seed=args.seed)
         except ValueError as e:

@@ -11,6 +11,7 @@ passed, 1 otherwise.
 
 import asyncio
 import dataclasses
+import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -65,8 +66,9 @@ def _region_class():
 class Checker:
     """Runs the steps in order; after a failure the rest are skipped."""
 
-    def __init__(self, block_nbytes: int | None, routed_at_start: bool, out: TextIO) -> None:
+    def __init__(self, block_nbytes: int | None, routed_at_start: bool, out: TextIO, as_json: bool = False) -> None:
         self.routed_at_start = routed_at_start
+        self.as_json = as_json
         self.requested_block_nbytes = block_nbytes
         self.out = out
         self.results: list[StepResult] = []
@@ -117,6 +119,8 @@ class Checker:
 
     def record(self, result: StepResult) -> None:
         self.results.append(result)
+        if self.as_json:
+            return  # one document at the end, from verdict()
         timing = f"{result.seconds * 1000:9.1f} ms" if result.verdict != SKIP else " " * 12
         print(f"  {result.verdict}  {result.name:<20} {timing}  {result.detail}", file=self.out)
         if result.fix:
@@ -126,6 +130,8 @@ class Checker:
     def verdict(self) -> int:
         total_ms = sum(result.seconds for result in self.results) * 1000
         failed = [result for result in self.results if result.verdict == FAIL]
+        if self.as_json:
+            return self.json_verdict(failed, total_ms)
         if failed:
             first = failed[0]
             print(f"verdict: FAIL at {first.name}: {first.detail}", file=self.out)
@@ -141,6 +147,27 @@ class Checker:
             file=self.out,
         )
         return 0
+
+    def json_verdict(self, failed: list[StepResult], total_ms: float) -> int:
+        """`check --json`: the verdict and one object per step, as one document."""
+        document = {
+            "verdict": FAIL if failed else PASS,
+            "failed_step": failed[0].name if failed else None,
+            "remote_url": self.config.remote_url if self.config else None,
+            "total_ms": round(total_ms, 3),
+            "steps": [
+                {
+                    "name": result.name,
+                    "verdict": result.verdict,
+                    "ms": round(result.seconds * 1000, 3),
+                    "detail": result.detail,
+                    "fix": result.fix or None,
+                }
+                for result in self.results
+            ],
+        }
+        print(json.dumps(document, indent=2), file=self.out)
+        return 1 if failed else 0
 
     def release(self) -> None:
         if self.connector is not None:
@@ -180,7 +207,10 @@ class Checker:
                 "install the vendor SDK into this Python environment, or use remote_url: local://",
             ) from None
         if self.config.uses_embedded_engine:
-            store = self._engine_store()
+            from ..engine import open_store
+
+            # As Client.init will see it: with remote_url's parameters applied.
+            store = open_store(self.config.endpoint)
             faults = store.faults
             notes = [f"capacity {format_size(store.capacity)}"]
             if faults.latency_s:
@@ -452,7 +482,9 @@ class Checker:
         return ""
 
 
-def run_check(config_path: str | None, block_nbytes: int | None, routed_at_start: bool, out: TextIO) -> int:
+def run_check(
+    config_path: str | None, block_nbytes: int | None, routed_at_start: bool, out: TextIO, as_json: bool = False
+) -> int:
     """Entry for `aibrix-eic check`; returns the exit status. routed_at_start:
     whether the .pth hook had routed backend EIC to us before the CLI did."""
     from .runtime import scoped_env
@@ -460,5 +492,6 @@ def run_check(config_path: str | None, block_nbytes: int | None, routed_at_start
     env = {ENV_CONFIG: config_path} if config_path else {}
     with scoped_env(env):
         where = config_path or config_path_from_env() or "the embedded engine (no config)"
-        print(f"aibrix-eic check: {where}", file=out)
-        return Checker(block_nbytes, routed_at_start, out).run()
+        if not as_json:
+            print(f"aibrix-eic check: {where}", file=out)
+        return Checker(block_nbytes, routed_at_start, out, as_json).run()

@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import re
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -45,6 +46,21 @@ OPS = ("exists", "allocate", "copy_in", "put", "lookup", "acquire", "verify", "r
 
 class ManagerUnavailable(RuntimeError):
     """AIBrix could not build the cache manager (its open() failed)."""
+
+
+# AIBrix's Status.raise_if_not_ok raises RuntimeError(repr(status)).
+_STATUS_REPR = re.compile(r"Status\(error_code=StatusCodes\.(\w+)(?:, value=(.*?))?\)(?:, trace:.*)?", re.S)
+
+
+def readable_failure(error: Exception) -> str:
+    """The message inside AIBrix's `Status(...)` repr, with its code when
+    the status carries no message; other errors unchanged."""
+    text = str(error)
+    match = _STATUS_REPR.fullmatch(text.strip())
+    if match is None:
+        return text
+    code, value = match.groups()
+    return value if value and value != "None" else f"status {code}"
 
 
 @dataclass
@@ -123,7 +139,7 @@ class ManagerDriver:
             try:
                 self.manager = self._build_manager()
             except Exception as e:  # AIBrix raises RuntimeError(Status) when open fails
-                raise ManagerUnavailable(str(e)) from e
+                raise ManagerUnavailable(readable_failure(e)) from e
             stack.callback(self._close_manager)
             # Each request allocates twice (send and receive), and AIBrix's
             # pool carves fresh memory before it reuses freed regions.

@@ -9,11 +9,22 @@ class PlotUnavailable(RuntimeError):
     pass
 
 
-def draw(summary: dict[str, Any], path: str) -> None:
+def require_matplotlib():
+    """matplotlib, or PlotUnavailable saying how to install it. The bench
+    calls this before it runs, so a missing extra fails in a second, not
+    after the whole benchmark."""
     try:
         import matplotlib
     except ImportError:
-        raise PlotUnavailable("--plot needs matplotlib: pip install 'aibrix-eic[plot]'") from None
+        raise PlotUnavailable(
+            "--plot needs matplotlib, which is not installed: pip install matplotlib "
+            "(or install aibrix-eic with its plot extra)"
+        ) from None
+    return matplotlib
+
+
+def draw(summary: dict[str, Any], path: str) -> None:
+    matplotlib = require_matplotlib()
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
