@@ -57,7 +57,7 @@ def _run(driver: ManagerDriver, args: argparse.Namespace, out: TextIO, err: Text
         with driver.opened(args.warmup + args.requests):
             connector = driver.connector
             breaker = getattr(connector, "breaker", None)
-            if breaker is not None and breaker.is_open:
+            if breaker is not None and breaker.tripped:
                 reason = connector.health().get("breaker_reason", "")
                 print(f"aibrix-eic bench: EIC is unavailable ({reason})", file=err)
                 print("run `aibrix-eic check` (with the same --config) for a diagnosis", file=err)

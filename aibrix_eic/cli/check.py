@@ -258,7 +258,7 @@ class Checker:
             message = str(status.value) if status.value is not None else str(status)
             raise StepFailed(message, self.what_to_fix(message))
         health = self.connector.health()
-        if self.connector.breaker.is_open or not health["connected"]:
+        if self.connector.breaker.tripped or not health["connected"]:
             reason = health["breaker_reason"].removeprefix("open: ") or "not connected"
             raise StepFailed(reason, self.what_to_fix(reason))
         return PASS, f"connected to {self.config.remote_url} (includes the warm-up of {self.config.warmup_keys} keys)"
