@@ -1,5 +1,17 @@
 """Workarounds for aibrix-kvcache 0.8 defects that a connector can see.
 
+Timeouts release memory before the request is stopped. In 0.8.0,
+`BaseKVCacheManager._acquire_impl` runs `L2Cache.get` with
+`asyncio.run_coroutine_threadsafe` and waits `future.result(timeout=...)`;
+on a timeout its `finally` releases the memory regions first and cancels the
+future after. A coroutine the loop had already queued then runs on regions
+that are freed (double free) or already handed to the next request (its KV
+overwritten). `order_timeouts` makes the cache manager's futures give up in
+the safe order: mark the request abandoned (request_guard), cancel it, wait
+for a coroutine that had started to end, and only then let AIBrix's
+`finally` release. Opt out with AIBRIX_EIC_DISABLE_TIMEOUT_ORDERING=1.
+Details and the upstream report: docs/operations.md.
+
 Token-validation layout (AIBRIX_KV_CACHE_OL_TOKEN_VALIDATION_ENABLED=1): a
 block's value is [block bytes | magic | footer(prefix_len, query_len) |
 prefix+query tokens]. `ManagedMemoryRegion.unpack_tokens` in 0.8.0 reads the
@@ -10,10 +22,29 @@ get and cache them on the region, which is where unpack_tokens looks first;
 L2Cache then checks the real tokens against the real key.
 """
 
+import asyncio
+import logging
+import os
+import sys
+import types
+from concurrent.futures import CancelledError, Future
+
 import numpy as np
 import torch
 from aibrix_kvcache import TokenListView
 from aibrix_kvcache.memory import ManagedMemoryRegion
+
+from .request_guard import CURRENT_GUARD, RequestGuard
+
+logger = logging.getLogger(__name__)
+
+DISABLE_TIMEOUT_ORDERING_ENV = "AIBRIX_EIC_DISABLE_TIMEOUT_ORDERING"
+CACHE_MANAGER_MODULE = "aibrix_kvcache.cache_manager"
+# How long a timed-out caller waits for a started coroutine to see its
+# cancellation. Only a stalled event loop makes this wait; past it AIBrix
+# releases anyway, and the connector's own references still keep the memory
+# out of the allocator while an SDK call may touch it.
+DRAIN_TIMEOUT_S = 5.0
 
 _INT32 = np.dtype(np.int32).itemsize
 _MAGIC = ManagedMemoryRegion.MAGIC
@@ -47,3 +78,72 @@ def restore_packed_tokens(mr: ManagedMemoryRegion) -> bool:
     mr._query = TokenListView(all_tokens, prefix_len, prefix_len + query_len)
     return True
 
+
+
+class _OrderedTimeoutFuture:
+    """A cache manager's view of its request: `result(timeout)` that times
+    out only once the request can no longer touch its memory."""
+
+    __slots__ = ("_future", "_guard")
+
+    def __init__(self, future: Future, guard: RequestGuard) -> None:
+        self._future = future
+        self._guard = guard
+
+    def result(self, timeout: float | None = None):
+        try:
+            return self._future.result(timeout)
+        except TimeoutError:
+            started = self._guard.abandon()
+            self._future.cancel()
+            if started and not self._guard.finished.wait(DRAIN_TIMEOUT_S):
+                logger.warning(
+                    "EIC: a timed-out AIBrix request did not stop within %gs (event loop stalled?)", DRAIN_TIMEOUT_S
+                )
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self._future, name)
+
+
+async def _guarded(coro, guard: RequestGuard):
+    with guard.lock:
+        if guard.abandoned:
+            coro.close()
+            raise CancelledError()
+        guard.started = True
+    CURRENT_GUARD.set(guard)  # this task's own context
+    try:
+        return await coro
+    finally:
+        guard.finished.set()
+
+
+class _AsyncioWithOrderedTimeouts(types.ModuleType):
+    """What the cache manager module sees as `asyncio`: the real module but
+    for run_coroutine_threadsafe."""
+
+    def __init__(self) -> None:
+        super().__init__("asyncio")
+
+    def __getattr__(self, name: str):
+        return getattr(asyncio, name)
+
+    @staticmethod
+    def run_coroutine_threadsafe(coro, loop):
+        guard = RequestGuard()
+        return _OrderedTimeoutFuture(asyncio.run_coroutine_threadsafe(_guarded(coro, guard), loop), guard)
+
+
+def order_timeouts(environ=os.environ) -> bool:
+    """Apply the timeout-ordering fix to AIBrix's cache manager module if it
+    is loaded and the operator did not opt out; True when it is in place."""
+    module = sys.modules.get(CACHE_MANAGER_MODULE)
+    if module is None:
+        return False
+    if isinstance(getattr(module, "asyncio", None), _AsyncioWithOrderedTimeouts):
+        return True
+    if environ.get(DISABLE_TIMEOUT_ORDERING_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    module.asyncio = _AsyncioWithOrderedTimeouts()
+    return True

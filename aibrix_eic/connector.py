@@ -29,16 +29,18 @@ from aibrix_kvcache.l2.connectors import Connector, ConnectorFeature
 from aibrix_kvcache.memory import ManagedMemoryRegion, MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes
 
-from .aibrix_compat import restore_packed_tokens
+from .aibrix_compat import order_timeouts, restore_packed_tokens
 from .checks import BlockChecker, InvalidRequest, check_keys, check_lengths
 from .codec import KeyCodec
 from .config import ENV_CONFIG, ENV_CONFIG_UPSTREAM, ConfigError, EICConfig, config_path_from_env
 from .counters import Counters
 from .dispatch import DELETE, GET, PUT, Chunk, Dispatcher
 from .exists_batch import ExistsBatcher
+from .identity import ModelIdentity, resolve_identity
 from .link import Link, Session
 from .logs import RateLimitedLogger
 from .outcomes import NOT_FOUND, OK, close_after, key_statuses, put_outcome
+from .request_guard import hold, release
 from .resilience import CircuitBreaker
 from .sdk import load_sdk_module
 
@@ -89,7 +91,8 @@ class EICConnector(Connector[bytes, torch.Tensor]):
                 module = load_sdk_module(self._config)
             except ConfigError as e:
                 self._config_error = e
-        self._codec = KeyCodec(conn_id, self._config.eic_kv_ns)
+        self._identity = resolve_identity(self._config.model_id)
+        self._codec = KeyCodec(conn_id, self._config.eic_kv_ns, self._identity.token)
         self._counters = Counters()
         self._rate_log = RateLimitedLogger(logger)
         self._link = Link(self._config, module, self._codec.prefix, self._rate_log)
@@ -106,6 +109,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         """Build from the YAML named by AIBRIX_KV_CACHE_OL_EIC_CONFIG (or the
         upstream AIBRIX_KV_CACHE_OL_EIC_CONFIG_FILE). A bad config does not
         raise here: open() returns INVALID with the message."""
+        order_timeouts()  # AIBrix's cache manager is loaded: it is building us
         ours, theirs = os.environ.get(ENV_CONFIG), os.environ.get(ENV_CONFIG_UPSTREAM)
         if ours and theirs and ours != theirs:
             logger.warning("%s=%s and %s=%s differ; using %s", ENV_CONFIG, ours, ENV_CONFIG_UPSTREAM, theirs, ours)
@@ -137,6 +141,11 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         return self._config
 
     @property
+    def model_identity(self) -> ModelIdentity:
+        """What this connector's keys say about the model (identity.py)."""
+        return self._identity
+
+    @property
     def link(self) -> Link:
         """The client, pools and breaker: for tools and tests that watch them."""
         return self._link
@@ -158,6 +167,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
             "remote_url": self._config.remote_url,
             "namespace": self._config.eic_kv_ns,
             "conn_id": self.conn_id,
+            "model_identity": self._identity.describe(),
             "connected": link.session is not None,
             "registered_regions": len(link.regions),
             "breaker": snapshot.state.value,
@@ -187,9 +197,23 @@ class EICConnector(Connector[bytes, torch.Tensor]):
                     self._config.eic_thread_num,
                     self._link.session is not None,
                 )
+                self._warn_if_model_unidentified()
             return status
         except Exception as e:
             return Status(StatusCodes.ERROR, f"EIC open failed: {e!r}")
+
+    def _warn_if_model_unidentified(self) -> None:
+        if self._identity.known:
+            logger.info("EIC keys carry model identity %s", self._identity.describe())
+            return
+        logger.warning(
+            "EIC keys carry NO MODEL IDENTITY: %s sets no model_id and no vLLM config is visible. "
+            "Deployments sharing this EIC (%s, namespace %r) with the same layer and head ranges "
+            "will read each other's KV as their own. Set model_id in the EIC YAML (docs/config.md).",
+            self._config.source,
+            self._config.remote_url,
+            self._config.eic_kv_ns,
+        )
 
     def close(self) -> Status:
         """Drop the client and the registrations. Idempotent."""
@@ -247,19 +271,26 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         check_keys(keys)
         return self._codec.encode_many(keys)
 
-    def _data_request(self, keys: Sequence[Any], mrs: Sequence[Any], for_put: bool) -> tuple[Session, list[Chunk]] | None:
-        """The session and SDK-call chunks of an mget/mput, or None when the
-        circuit is open. The breaker is checked before any per-block work:
-        that check is the whole cost of a request while EIC is down."""
-        check_lengths(keys, mrs)
+    def _live_session(self) -> Session | None:
+        """The session requests use, or None while the circuit is open. This
+        check is the whole cost of a request while EIC is down."""
         session = self._link.session
         if self._link.breaker.tripped or session is None:
             self._counters.add(fast_fails=1)
             return None
-        mark_registered = session.registration_ok and (self._config.put_registered or not for_put)
+        return session
+
+    def _held_chunks(self, session: Session, keys: Sequence[Any], mrs: Sequence[Any], op: str) -> list[Chunk] | Status:
+        """Check the request, then take the request's references on its
+        regions (released by the caller) and split it into SDK calls; a
+        Status when the regions may not be touched."""
+        mark_registered = session.registration_ok and (self._config.put_registered or op != "mput")
         buffers = self._blocks.buffers(mrs, mark_registered)
         eic_keys = self._encode_keys(keys)
-        return session, self._dispatcher.chunks(eic_keys, buffers, mrs)
+        refused = hold(mrs, op)
+        if refused is not None:
+            return refused
+        return self._dispatcher.chunks(eic_keys, buffers, mrs)
 
     # ------------------------------------------------------------ batching
     def get_batches(
@@ -283,15 +314,21 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         refusal = self._refusal()
         if refusal is not None:
             return refusal
-        request = self._data_request(keys, mrs, for_put=False)
-        if request is None:
+        check_lengths(keys, mrs)
+        session = self._live_session()
+        if session is None:
             return [NOT_FOUND] * len(keys)
-        session, chunks = request
-        timeout_ms = await self._dispatcher.run(GET, session.client, chunks)
-        statuses, loaded = key_statuses(chunks, "get", timeout_ms)
-        close_after(statuses, loaded)
-        if loaded and not MemoryRegion.use_compact_layout():
-            loaded = self._restore_tokens(mrs, statuses, loaded)
+        chunks = self._held_chunks(session, keys, mrs, "mget")
+        if isinstance(chunks, Status):
+            return chunks
+        try:
+            timeout_ms = await self._dispatcher.run(GET, session.client, chunks)
+            statuses, loaded = key_statuses(chunks, "get", timeout_ms)
+            close_after(statuses, loaded)
+            if loaded and not MemoryRegion.use_compact_layout():
+                loaded = self._restore_tokens(mrs, statuses, loaded)
+        finally:
+            release(mrs)
         self._counters.add(gets=1, get_blocks=len(keys), get_hits=loaded)
         return statuses
 
@@ -320,8 +357,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         if refusal is not None:
             return refusal
         eic_key = self._encode_keys([key])[0]
-        if self._link.breaker.tripped or self._link.session is None:
-            self._counters.add(fast_fails=1)
+        if self._live_session() is None:
             return NOT_FOUND
         return await self._exists.exists(eic_key)
 
@@ -331,11 +367,17 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         refusal = self._refusal()
         if refusal is not None:
             return refusal
-        request = self._data_request(keys, mrs, for_put=True)
-        if request is None:
+        check_lengths(keys, mrs)
+        session = self._live_session()
+        if session is None:
             return _PUT_SKIPPED
-        session, chunks = request
-        timeout_ms = await self._dispatcher.run(PUT, session.client, chunks)
+        chunks = self._held_chunks(session, keys, mrs, "mput")
+        if isinstance(chunks, Status):
+            return chunks
+        try:
+            timeout_ms = await self._dispatcher.run(PUT, session.client, chunks)
+        finally:
+            release(mrs)
         result, stored = put_outcome(*key_statuses(chunks, "put", timeout_ms))
         self._counters.add(puts=1, put_blocks=len(keys), put_failures=len(keys) - stored)
         return result
@@ -351,9 +393,8 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         if refusal is not None:
             return refusal
         eic_keys = self._encode_keys([key])
-        session = self._link.session
-        if self._link.breaker.tripped or session is None:
-            self._counters.add(fast_fails=1)
+        session = self._live_session()
+        if session is None:
             return _DELETE_SKIPPED
         chunks = self._dispatcher.chunks(eic_keys, None, None)
         timeout_ms = await self._dispatcher.run(DELETE, session.client, chunks)

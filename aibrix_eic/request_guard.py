@@ -1,0 +1,83 @@
+"""Who may touch a request's memory regions, and until when.
+
+The connector takes its own reference on every region of a request before
+it touches any of them, through `hold`. Two things make that refusal-proof:
+
+- a region AIBrix already released (ref_count 0) is refused, and the check
+  and the reference are one step under the region's own lock, so AIBrix's
+  release cannot slip in between;
+- a request whose caller has given up on it (AIBrix's timeout fired, see
+  aibrix_compat.order_timeouts) carries an abandoned RequestGuard in its
+  context; `hold` and the abandonment take the guard's lock, so either the
+  connector holds its references before AIBrix releases (and the memory
+  stays out of the allocator until the connector lets go), or it never
+  touches the regions at all.
+"""
+
+import contextvars
+import threading
+from typing import Sequence
+
+from aibrix_kvcache.memory import MemoryRegion
+from aibrix_kvcache.status import Status, StatusCodes
+
+
+class RequestGuard:
+    """Shared by one AIBrix request's caller thread and its coroutine."""
+
+    __slots__ = ("lock", "abandoned", "started", "finished")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.abandoned = False
+        self.started = False  # the coroutine began running
+        self.finished = threading.Event()  # ...and has ended
+
+    def abandon(self) -> bool:
+        """The caller gives up; True when the coroutine had started."""
+        with self.lock:
+            self.abandoned = True
+            return self.started
+
+
+CURRENT_GUARD: contextvars.ContextVar[RequestGuard | None] = contextvars.ContextVar("aibrix_eic_guard", default=None)
+
+
+def _ref_up_if_alive(mr: MemoryRegion) -> bool:
+    lock = getattr(mr, "_lock", None)  # RefCountedObj's; AIBrix's release takes it too
+    if lock is None:
+        if mr.ref_count <= 0:
+            return False
+        mr.ref_up()
+        return True
+    with lock:
+        if mr.ref_count <= 0:
+            return False
+        mr.ref_count += 1
+        return True
+
+
+def hold(mrs: Sequence[MemoryRegion], op: str) -> Status | None:
+    """Take one reference on every region, or none. None on success, else
+    CANCELLED (the caller gave up on the request) or INVALID (a region was
+    already released)."""
+    guard = CURRENT_GUARD.get()
+    if guard is None:
+        return _hold_all(mrs, op)
+    with guard.lock:
+        if guard.abandoned:
+            return Status(StatusCodes.CANCELLED, f"{op}: the caller gave up on this request (its timeout passed)")
+        return _hold_all(mrs, op)
+
+
+def _hold_all(mrs: Sequence[MemoryRegion], op: str) -> Status | None:
+    for i, mr in enumerate(mrs):
+        if not _ref_up_if_alive(mr):
+            release(mrs[:i])
+            return Status(StatusCodes.INVALID, f"{op}: mrs[{i}] was already released (ref_count {mr.ref_count})")
+    return None
+
+
+def release(mrs: Sequence[MemoryRegion]) -> None:
+    for mr in mrs:
+        mr.ref_down()

@@ -1,0 +1,127 @@
+"""The connector never touches memory AIBrix released: not after AIBrix's
+own timeout fired (aibrix_compat.order_timeouts with request_guard), not on
+a region whose last reference is gone, and not under a storm of timeouts.
+
+The races are made deterministic by holding the cache manager's event-loop
+thread inside the request's first step, past AIBrix's timeout, the way a
+stalled loop does in production."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from aibrix_eic import aibrix_compat
+from aibrix_eic.engine import get_store
+from harness import BLOCK_NTOKENS, block_layout, block_spec, make_manager, manager_env, pattern, tokens, use_config
+from poison import SENTINEL, PoisonWatch
+
+NBLOCKS = 4
+STALL_S = 1.0  # loop held this long; AIBrix's timeout is NBLOCKS * 16 * 1 ms = 64 ms
+
+
+@pytest.fixture(params=["compact", "token-validation"])
+def manager(request, monkeypatch, tmp_path):
+    with block_layout(compact=request.param == "compact"):
+        manager_env(monkeypatch, AIBRIX_KV_CACHE_OL_L2_CACHE_PER_TOKEN_TIMEOUT_MS="1")
+        use_config(monkeypatch, tmp_path, remote_url="local://memsafe", batch_keys=2)
+        cache = make_manager(block_spec(), max_tokens=NBLOCKS * BLOCK_NTOKENS)
+        try:
+            yield cache
+        finally:
+            cache.close()
+            get_store("memsafe").clear()
+
+
+def offload(cache, query, seed: int) -> None:
+    handle = cache.allocate_for(None, query).get()
+    nbytes = cache.block_spec.block_nbytes
+    for i, tensor in enumerate(handle.to_tensors()):
+        tensor.view(torch.uint8).view(-1).copy_(pattern(seed, i, nbytes))
+    assert cache.put(None, query, handle).is_ok()
+
+
+def stall_next_get(monkeypatch, cache):
+    """The next L2Cache.get holds the loop thread for STALL_S in its first
+    step, then runs for real. Returns (regions it was given, its end)."""
+    l2 = cache._l2_cache
+    original = l2.get
+    given: list = []
+    ended = threading.Event()
+
+    async def stalled_get(prefix, query, mrs):
+        given.extend((mr.slab.data_ptr() + mr.addr, mr.length) for mr in mrs)
+        monkeypatch.setattr(l2, "get", original)
+        try:
+            time.sleep(STALL_S)  # the loop thread is stuck here, as in a stall
+            return await original(prefix, query, mrs)
+        finally:
+            ended.set()
+
+    monkeypatch.setattr(l2, "get", stalled_get)
+    return given, ended
+
+
+def mgets(cache) -> int:
+    return cache._l2_cache._backend.health()["gets"]
+
+
+def test_a_get_running_after_aibrix_timed_out_never_writes_into_released_memory(manager, monkeypatch):
+    watch = PoisonWatch(manager._allocator)
+    query = tokens(NBLOCKS, seed=1)
+    offload(manager, query, seed=1)
+    gets_before = mgets(manager)
+    given, ended = stall_next_get(monkeypatch, manager)
+
+    status = manager.acquire(None, query)
+    assert status.is_timeout(), status
+    assert ended.wait(STALL_S + 5)
+    time.sleep(0.2)  # any SDK call the late coroutine started has landed by now
+    assert len(given) == NBLOCKS and watch.frees >= 2 * NBLOCKS  # the offload's and the acquire's regions
+    assert watch.check_all() == []
+    assert mgets(manager) == gets_before  # the abandoned request sent nothing
+    manager._allocator.assert_consistency()
+    assert len(manager._allocator) == 0
+
+
+def test_a_get_running_after_aibrix_timed_out_never_frees_a_region_twice(manager, monkeypatch):
+    query = tokens(NBLOCKS, seed=3)
+    offload(manager, query, seed=3)
+    _, ended = stall_next_get(monkeypatch, manager)
+
+    assert manager.acquire(None, query).is_timeout()
+    assert ended.wait(STALL_S + 5)
+    time.sleep(0.2)
+    manager._allocator.assert_consistency()
+    assert len(manager._allocator) == 0  # was negative: a double free
+    ntokens, handle = manager.acquire(None, query).get()  # and the cache still works
+    assert ntokens == NBLOCKS * BLOCK_NTOKENS
+    handle.release()
+
+
+def test_order_timeouts_is_opt_out_and_idempotent(manager, monkeypatch):
+    from aibrix_kvcache import cache_manager
+
+    assert aibrix_compat.order_timeouts() and aibrix_compat.order_timeouts()
+    assert isinstance(cache_manager.asyncio, aibrix_compat._AsyncioWithOrderedTimeouts)
+    monkeypatch.setattr(cache_manager, "asyncio", aibrix_compat.asyncio)
+    assert not aibrix_compat.order_timeouts({aibrix_compat.DISABLE_TIMEOUT_ORDERING_ENV: "1"})
+    assert cache_manager.asyncio is aibrix_compat.asyncio
+
+
+def test_a_region_whose_last_reference_is_gone_is_refused_and_not_resurrected(manager):
+    connector = manager._l2_cache._backend
+    query = tokens(1, seed=4)
+    offload(manager, query, seed=4)
+    mr = manager.allocate_for(None, query).get().memory_regions[0]
+    mr.ref_down()  # AIBrix released it
+    assert mr.ref_count == 0
+    key = list(manager._l2_cache._cache_block_keys(None, query))[0][1]
+    import asyncio
+
+    status = asyncio.run(connector.get(key, mr))
+    assert status.is_invalid() and "already released" in str(status.value)
+    assert mr.ref_count == 0
+    manager._allocator.assert_consistency()
+    assert len(manager._allocator) == 0
