@@ -1,21 +1,23 @@
 """AIBrix L2 keys (bytes) -> EIC key strings, and back for diagnostics.
 
-Format: ``e1.<ns>.<conn>.<kind><payload>``
+Format: ``e2.<ns>.<conn>.<model>.<kind><payload>``
 
-- ``e1``: format version, so a future format can never alias this one.
-- ``<ns>``, ``<conn>``: the EIC namespace and AIBrix's connector id
-  (``{namespace}_{partition}_{signatures}``), escaped so they never contain
-  ``.``: bytes outside ``[A-Za-z0-9_-]`` become ``~HH``. A field whose escaped
-  form is longer than FIELD_MAX becomes ``~h`` + 32 hex digits of its
-  BLAKE2b-128 digest, which keeps the length bounded.
+- ``e2``: format version, so a future format can never alias this one (e1
+  keys had no model field; an upgrade turns them into misses).
+- ``<ns>``, ``<conn>``, ``<model>``: the EIC namespace, AIBrix's connector id
+  (``{namespace}_{partition}_{signatures}``) and the model identity
+  (identity.py; empty when nothing identifies the model), escaped so they
+  never contain ``.``: bytes outside ``[A-Za-z0-9_-]`` become ``~HH``. A field
+  whose escaped form is longer than FIELD_MAX becomes ``~h`` + 32 hex digits
+  of its BLAKE2b-128 digest, which keeps the length bounded.
 - ``<kind><payload>``: ``r`` + hex of the key when it is at most RAW_MAX
   bytes (AIBrix's default ROLLING_HASH keys are 16 bytes), which is exactly
   reversible; otherwise ``h`` + hex of its BLAKE2b-256 digest (RAW keys and
   vLLM block-hash keys can be kilobytes).
 
-Distinct (ns, conn) pairs give distinct prefixes because escaping is
-injective and ``.`` separates the fields, so partitions and namespaces can
-only collide through a BLAKE2b collision of an over-long field.
+Distinct (ns, conn, model) triples give distinct prefixes because escaping
+is injective and ``.`` separates the fields, so partitions, namespaces and
+models can only collide through a BLAKE2b collision of an over-long field.
 Keys use only ``[A-Za-z0-9_~.-]`` and are at most MAX_KEY_LEN characters.
 """
 
@@ -23,12 +25,13 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-VERSION = "e1"
+VERSION = "e2"
 FIELD_MAX = 64
 RAW_MAX = 32
 KEY_DIGEST_BYTES = 32
 FIELD_DIGEST_BYTES = 16
-MAX_KEY_LEN = len(VERSION) + 3 + 2 * FIELD_MAX + 1 + 2 * max(RAW_MAX, KEY_DIGEST_BYTES)
+FIELDS = 3  # namespace, conn_id, model identity
+MAX_KEY_LEN = len(VERSION) + FIELDS + 1 + FIELDS * FIELD_MAX + 1 + 2 * max(RAW_MAX, KEY_DIGEST_BYTES)
 SAFE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-~.")
 
 _UNESCAPED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
@@ -60,17 +63,20 @@ class KeyParts:
     version: str
     namespace: str | None  # None when the field was digested
     conn_id: str | None  # None when the field was digested
+    identity: str | None  # the model identity token ("" for none); None when digested
     key: bytes | None  # the AIBrix key, when stored raw
     key_digest: bytes | None  # BLAKE2b-256 of the AIBrix key, when hashed
 
 
 class KeyCodec:
-    """Encodes the keys of one connector: one conn_id, one namespace."""
+    """Encodes the keys of one connector: one conn_id, one namespace, one
+    model identity. The fields are escaped once, here, into `prefix`."""
 
-    def __init__(self, conn_id: str, namespace: str = "") -> None:
+    def __init__(self, conn_id: str, namespace: str = "", identity: str = "") -> None:
         self.conn_id = conn_id
         self.namespace = namespace
-        self.prefix = f"{VERSION}.{escape_field(namespace)}.{escape_field(conn_id)}."
+        self.identity = identity
+        self.prefix = f"{VERSION}.{escape_field(namespace)}.{escape_field(conn_id)}.{escape_field(identity)}."
 
     def encode(self, key: bytes) -> str:
         if len(key) <= RAW_MAX:
@@ -94,9 +100,9 @@ def decode(eic_key: str) -> KeyParts:
     Raises ValueError for strings this codec did not make.
     """
     parts = eic_key.split(".")
-    if len(parts) != 4 or parts[0] != VERSION or not parts[3]:
+    if len(parts) != 2 + FIELDS or parts[0] != VERSION or not parts[-1]:
         raise ValueError(f"not an aibrix_eic {VERSION} key: {eic_key!r}")
-    _, ns_field, conn_field, payload = parts
+    _, ns_field, conn_field, identity_field, payload = parts
     kind, body = payload[0], payload[1:]
     try:
         data = bytes.fromhex(body)
@@ -112,6 +118,7 @@ def decode(eic_key: str) -> KeyParts:
         version=VERSION,
         namespace=unescape_field(ns_field),
         conn_id=unescape_field(conn_field),
+        identity=unescape_field(identity_field),
         key=key,
         key_digest=digest,
     )

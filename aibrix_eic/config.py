@@ -79,6 +79,7 @@ class EICConfig:
     put_registered: bool = True
     max_value_bytes: int = 4 * 1024 * 1024
     block_nbytes: int | None = None
+    model_id: str | None = None  # goes into every key; see identity.py
 
     # ----------------------------------------------------------- derived
     @property
@@ -308,6 +309,26 @@ def _optional_str(source: str, key: str, raw: Any) -> str | None:
     return _str(source, key, raw)
 
 
+MODEL_ID_MAX = 256
+
+
+def _model_id(source: str, key: str, raw: Any) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str):  # a YAML number would lose digits (3.10 -> 3.1)
+        raise ConfigError(
+            source, key, f"expected a string naming the model (quote it), got {_type_name(raw)} {raw!r}"
+        )
+    text = raw.strip()
+    if not text:
+        raise ConfigError(source, key, "is empty; leave it out or name the model (for example llama3-70b-ft-2026-11)")
+    if len(text) > MODEL_ID_MAX:
+        raise ConfigError(source, key, f"expected at most {MODEL_ID_MAX} characters, got {len(text)}")
+    if not text.isprintable():
+        raise ConfigError(source, key, f"expected printable text, got {text!r}")
+    return text
+
+
 def _bool(source: str, key: str, raw: Any) -> bool:
     if not isinstance(raw, bool):
         raise ConfigError(source, key, f"expected true or false, got {_type_name(raw)} {raw!r}")
@@ -359,4 +380,5 @@ _KEY_CHECKS = {
     "put_registered": _bool,
     "max_value_bytes": _size,
     "block_nbytes": _optional_size,
+    "model_id": _model_id,
 }

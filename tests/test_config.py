@@ -350,3 +350,27 @@ def test_every_number_key_has_its_bound_in_the_docs():
         row = next((line for line in docs.splitlines() if line.startswith(f"| `{key}` |")), None)
         assert row is not None, key
         assert bound_text(key) in row.split("|")[2], f"{key}: docs/config.md does not state {bound_text(key)!r}"
+
+
+# ------------------------------------------------------------------ model_id
+def test_model_id_is_read_and_stripped(tmp_path):
+    config = load_text(tmp_path, "remote_url: local://\nmodel_id: '  llama3-70b-ft-a@rev7  '\n")
+    assert config.model_id == "llama3-70b-ft-a@rev7"
+    assert EICConfig().model_id is None
+    assert load_text(tmp_path, "remote_url: local://\nmodel_id: null\n").model_id is None
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("3.10", "quote it"),
+        ("''", "is empty"),
+        ("'   '", "is empty"),
+        ("[a]", "expected a string"),
+        ("'" + "m" * 257 + "'", "at most 256 characters"),
+        ('"a\\tb"', "printable"),
+    ],
+)
+def test_bad_model_id_is_named(tmp_path, value, expected):
+    error = error_of(tmp_path, f"remote_url: local://\nmodel_id: {value}\n")
+    assert error.key == "model_id" and expected in str(error)

@@ -261,7 +261,7 @@ class Checker:
         if self.connector.breaker.tripped or not health["connected"]:
             reason = health["breaker_reason"].removeprefix("open: ") or "not connected"
             raise StepFailed(reason, self.what_to_fix(reason))
-        return PASS, f"connected to {self.config.remote_url} (includes the warm-up of {self.config.warmup_keys} keys)"
+        return PASS, f"connected to {self.config.remote_url} (includes the warm-up of {self.config.warmup_keys} keys); model identity {self.connector.model_identity.describe()}"
 
     def register_buffer(self) -> tuple[str, str]:
         block_nbytes = self.requested_block_nbytes or self.config.block_nbytes or min(
@@ -328,7 +328,7 @@ class Checker:
         key = os.urandom(16)
         self.cleanup_keys.add(key)
         self._expect_ok("put", self.run_op(self.connector.put(key, self.regions[0])))
-        eic_key = KeyCodec(self.connector.conn_id, config.eic_kv_ns).encode(key)
+        eic_key = KeyCodec(self.connector.conn_id, config.eic_kv_ns, self.connector.model_identity.token).encode(key)
         ours, error = SdkClient.connect(self.module, config)
         if ours is None:
             raise StepFailed(f"a second client could not connect: {error}", self.what_to_fix(error))
