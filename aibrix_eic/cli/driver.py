@@ -1,7 +1,8 @@
 """Builds AIBrix's BaseKVCacheManager on backend EIC and drives one request
 at a time through it, the way vLLM's AIBrix connectors do in a TP rank.
 
-Send (turn 1 of a conversation, shared/docs/aibrix-integration.md 1.4):
+Send (turn 1 of a conversation, as AIBrix's vLLM connector does it:
+https://github.com/vllm-project/aibrix/blob/main/python/aibrix_kvcache/aibrix_kvcache/integration/vllm/kv_connector/aibrix_offloading_connector_type1.py):
 `exists` -> `allocate_for` -> copy KV into `handle.to_tensors()` (on a GPU
 this is the device-to-host copy) -> `put`. Receive (turn 2 reuses the
 prompt): `exists` (the scheduler's lookup) -> `acquire` -> compare every byte

@@ -1,7 +1,7 @@
 """The enums of the EIC SDK surface, with the numbers this engine gives them.
 
-Only the member names are known from public callers (shared/docs/eic-sdk.md
-section 1.3); the numbers are our choice and are documented in
+Only the member names are known from public callers (the ones surface.py
+names); the numbers are our choice and are documented in
 docs/engine.md. Members above 100 are engine-only per-key codes: callers of
 the real SDK must treat any code they do not know as a failure, so adding
 them keeps the surface compatible while making failures diagnosable.

@@ -1,9 +1,9 @@
 """Fault injection for the embedded engine: the ways a real EIC misbehaves.
 
-Each knob models a failure seen in production (shared/docs/eic-sdk.md 1.6,
-1.8, 3): slow calls, whole calls that fail, per-key failures inside a
-PARTIAL_FAILED reply, an unreachable cluster, and mexist hits that mget cannot
-deliver. Knobs are plain attributes, so tests flip them while a workload runs.
+Each knob models a way a real EIC fails: slow calls, whole calls that fail,
+per-key failures inside a PARTIAL_FAILED reply, an unreachable cluster, and
+mexist hits that mget cannot deliver. Knobs are plain attributes, so tests
+flip them while a workload runs.
 """
 
 import random

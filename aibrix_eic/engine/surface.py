@@ -1,6 +1,9 @@
 """The names public callers import from the `eic` SDK, backed by a Store.
 
-Call shapes follow shared/docs/eic-sdk.md section 1:
+Call shapes follow the SDK's public callers, AIBrix's connector
+(https://github.com/vllm-project/aibrix/blob/main/python/aibrix_kvcache/aibrix_kvcache/l2/connectors/eic/eic.py)
+and SGLang's EIC storage backend
+(https://github.com/sgl-project/sglang/blob/main/python/sglang/srt/mem_cache/storage/eic/eic_storage.py):
 
     status, outcome = client.mset(keys, vals, set_option)
     status, vals, outcome = client.mget(keys, get_option, vals)
