@@ -19,6 +19,7 @@ never merges deployments whose vLLM facts differ. vLLM is never imported
 here: only a vLLM that the process already loaded is asked.
 """
 
+import base64
 import hashlib
 import json
 import re
@@ -26,7 +27,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-DIGEST_BYTES = 8  # 16 hex digits: a collision needs ~2**32 distinct models
+DIGEST_BYTES = 8  # a collision needs ~2**32 distinct models
+# base64url: 11 characters, all in the codec's unescaped set. Hex would take
+# 16, and every character of the prefix is copied into every key.
+TOKEN_LEN = 11
 FORMAT = b"aibrix-eic-identity-1"
 
 _UNSET = object()  # "ask the running vLLM", as opposed to None: "no vLLM"
@@ -37,7 +41,7 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 class ModelIdentity:
     """What the keys of one connector say about the model."""
 
-    token: str  # hex digest that goes into keys; "" when nothing identifies the model
+    token: str  # digest that goes into keys; "" when nothing identifies the model
     model_id: str | None  # the operator's model_id, if set
     vllm_factors: tuple[tuple[str, str], ...]  # what vLLM reported; () outside vLLM
 
@@ -76,7 +80,8 @@ def resolve_identity(model_id: str | None, vllm_config: Any = _UNSET) -> ModelId
         for text in (name, value):
             data = text.encode("utf-8", "surrogatepass")
             digest.update(len(data).to_bytes(4, "big") + data)
-    return ModelIdentity(digest.hexdigest(), model_id, factors)
+    token = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii")
+    return ModelIdentity(token, model_id, factors)
 
 
 def current_vllm_config() -> Any:

@@ -11,8 +11,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aibrix_eic.codec import SAFE_CHARS
-from aibrix_eic.identity import DIGEST_BYTES, current_vllm_config, resolve_identity, vllm_kv_factors
+from aibrix_eic.codec import SAFE_CHARS, escape_field
+from aibrix_eic.identity import TOKEN_LEN, current_vllm_config, resolve_identity, vllm_kv_factors
 
 # What a vLLM 0.32 VllmConfig exposes for a Llama-3-8B-like model.
 DEFAULTS = {
@@ -69,7 +69,7 @@ def test_nothing_identifies_the_model_outside_vllm_without_model_id():
 def test_model_id_alone_identifies_the_model():
     identity = resolve_identity("llama3-70b-ft-a", vllm_config=None)
     assert identity.known and identity.source == "model_id"
-    assert len(identity.token) == 2 * DIGEST_BYTES and set(identity.token) <= SAFE_CHARS
+    assert len(identity.token) == TOKEN_LEN and set(identity.token) <= SAFE_CHARS
     assert "model_id='llama3-70b-ft-a'" in identity.describe()
     assert resolve_identity("llama3-70b-ft-b", vllm_config=None).token != identity.token
     assert resolve_identity("llama3-70b-ft-a", vllm_config=None) == identity  # deterministic
@@ -191,7 +191,8 @@ def test_building_a_connector_never_imports_vllm():
 @given(model_id=st.text(min_size=1, max_size=300))
 def test_any_model_id_gives_a_short_token_in_the_safe_set(model_id):
     token = resolve_identity(model_id, vllm_config=None).token
-    assert len(token) == 2 * DIGEST_BYTES and set(token) <= SAFE_CHARS
+    assert len(token) == TOKEN_LEN and set(token) <= SAFE_CHARS
+    assert escape_field(token) == token  # goes into keys as is, no ~HH escapes
 
 
 @given(first=st.text(min_size=1), second=st.text(min_size=1))
