@@ -11,6 +11,8 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -18,7 +20,7 @@ from aibrix_kvcache.status import Status, StatusCodes
 
 from .config import ConfigError, EICConfig
 from .logs import RateLimitedLogger
-from .pool import PriorityThreadPool
+from .pool import PROBE_PRIORITY, PriorityThreadPool
 from .regions import RegisteredRegions
 from .resilience import BreakerState, CircuitBreaker, Prober, call_with_timeout
 from .sdk import CallResult, SdkClient
@@ -48,12 +50,14 @@ class Link:
         self.session: Session | None = None
         self.data_pool: PriorityThreadPool | None = None
         self.meta_pool: PriorityThreadPool | None = None
+        self._probe_call: Future | None = None  # the probe call waited on
+        self._probe_until = 0.0  # ...until then
         self._new_breaker()
 
     # ----------------------------------------------------------- lifecycle
     def open(self) -> Status:
-        """Connect and start the pools and the prober. With fail_open an
-        unreachable EIC is no error: the breaker starts open instead."""
+        """Connect and start the pools and the prober, all or nothing. With
+        fail_open an unreachable EIC is no error: the breaker starts open."""
         with self._state_lock:
             if self.is_open:
                 return _OK
@@ -63,30 +67,51 @@ class Link:
                 return Status(StatusCodes.INVALID, str(e))
             if session is None and not self._config.fail_open:
                 return Status(StatusCodes.ERROR, f"EIC open failed: {error}")
-            self.data_pool = PriorityThreadPool(self._config.eic_thread_num, "aibrix_eic_data")
-            self.meta_pool = PriorityThreadPool(META_THREADS, "aibrix_eic_meta")
-            self._new_breaker()
-            self.session = session
-            self.is_open = True
-            if session is None:
-                self.breaker.trip(f"open: {error}")
-            self._prober.start()
+            try:
+                self._start(session, error)
+            except Exception as e:  # out of threads, for instance
+                self._stop()
+                if session is not None:
+                    session.client.close()
+                return Status(StatusCodes.ERROR, f"EIC open failed: {e!r}")
         if session is not None:
             self._warm_up(session)
         return _OK
 
+    def _start(self, session: Session | None, error: str) -> None:
+        config = self._config
+        # A thread busy past every deadline of its pool is stuck: replaced, up to twice the pool.
+        self.data_pool = PriorityThreadPool(
+            config.eic_thread_num, "aibrix_eic_data",
+            stuck_after_s=max(config.get_timeout_ms, config.put_timeout_ms) / 1000,
+            max_threads=2 * config.eic_thread_num,
+        )  # fmt: skip
+        self.meta_pool = PriorityThreadPool(
+            META_THREADS, "aibrix_eic_meta",
+            stuck_after_s=max(config.exists_timeout_ms, config.delete_timeout_ms) / 1000,
+            max_threads=2 * META_THREADS,
+        )  # fmt: skip
+        self._new_breaker()
+        self.session = session
+        self.is_open = True
+        if session is None:
+            self.breaker.trip(f"open: {error}")
+        self._prober.start()
+
+    def _stop(self) -> None:
+        self.is_open = False
+        self._prober.stop()
+        self.session = None
+        for pool in (self.data_pool, self.meta_pool):
+            if pool is not None:
+                pool.shutdown()
+        self.data_pool = self.meta_pool = None
+
     def close(self) -> None:
         with self._state_lock:
             self.regions.clear()
-            if not self.is_open:
-                return
-            self.is_open = False
-            self._prober.stop()
-            self.session = None
-            for pool in (self.data_pool, self.meta_pool):
-                if pool is not None:
-                    pool.shutdown()
-            self.data_pool = self.meta_pool = None
+            if self.is_open:
+                self._stop()
 
     # -------------------------------------------------------- registration
     def register(self, regions: list[tuple[int, int]], cuda_device: int | None) -> tuple[int, str]:
@@ -149,15 +174,19 @@ class Link:
 
     def _warm_up(self, session: Session) -> None:
         """One bounded mexist over random keys, so the SDK opens its agent
-        connections now rather than on the first request."""
+        connections now rather than on the first request. Best effort."""
         nkeys = self._config.warmup_keys
         if nkeys <= 0:
             return
         keys = [f"{self._key_prefix}w{os.urandom(12).hex()}" for _ in range(nkeys)]
         started = time.perf_counter()
-        finished, result = call_with_timeout(
-            lambda: session.client.mexist(keys), self._config.warmup_timeout_ms / 1000, "aibrix_eic_warmup"
-        )
+        try:
+            finished, result = call_with_timeout(
+                lambda: session.client.mexist(keys), self._config.warmup_timeout_ms / 1000, "aibrix_eic_warmup"
+            )
+        except Exception as e:
+            logger.warning("EIC warm-up skipped: %r", e)
+            return
         if not finished:
             logger.warning("EIC warm-up did not finish within warmup_timeout_ms=%s", self._config.warmup_timeout_ms)
             return
@@ -169,11 +198,16 @@ class Link:
         )
 
     def _probe(self) -> bool:
-        """Prober callback: True when EIC answers again. Reuses the current
-        client if it answers, else builds and initialises a new one."""
+        """Prober callback: True when EIC answers a call run the way data
+        calls run. Reuses the current client if it answers; builds a new one
+        only when the current one's call failed outright (a call that hangs
+        says nothing a new client would change), and lets go of a new one
+        that does not answer."""
         session = self.session
-        if session is not None and self._answers(session):
-            return True
+        if session is not None:
+            answer = self._answers(session)
+            if answer is not False:
+                return answer is True
         try:
             fresh, error = self._connect()
         except ConfigError as e:  # cannot happen after a successful open
@@ -181,10 +215,12 @@ class Link:
         if fresh is None:
             self._rate_log.log("probe", logging.INFO, "EIC probe: still unavailable: %s", error)
             return False
-        if not self._answers(fresh):
+        if self._answers(fresh) is not True:
+            self._let_go(fresh)
             return False
         with self._state_lock:
             if not self.is_open:
+                self._let_go(fresh)
                 return False
             # Slabs may have been registered since _connect read the list.
             missing = [region for region in self.regions.all() if region not in fresh.regions]
@@ -193,10 +229,36 @@ class Link:
             self.session = fresh
         return True
 
-    def _answers(self, session: Session) -> bool:
-        # Own thread, not a pool: hung calls may be holding every pool thread.
+    def _let_go(self, session: Session) -> None:
+        call = self._probe_call
+        if call is None or call.done():
+            session.client.close()
+        else:  # its probe call is still out: close once it returns
+            call.add_done_callback(lambda _: session.client.close())
+
+    def _answers(self, session: Session) -> bool | None:
+        """One mexist on the data pool, ahead of queued requests: the breaker
+        may close only when a data call can actually be served. True: it
+        answered; False: it failed; None: no answer in time, or the previous
+        probe call is still within its deadline (one waited on at a time; a
+        call past its deadline is left to the pool, which bounds stuck calls)."""
+        pool = self.data_pool
+        if pool is None:
+            return None
+        if self._probe_call is not None and not self._probe_call.done() and time.monotonic() < self._probe_until:
+            return None
+        # An answer must come within one probe interval, or recovery lags by the wait.
+        timeout_s = min(self._config.exists_timeout_ms / 1000, self._config.probe_interval_s)
         probe_key = f"{self._key_prefix}p{os.urandom(8).hex()}"
-        finished, result = call_with_timeout(
-            lambda: session.client.mexist([probe_key]), self._config.exists_timeout_ms / 1000, "aibrix_eic_probe_call"
-        )
-        return finished and not result.whole_call_failed
+        try:
+            call = self._probe_call = pool.submit(session.client.mexist, [probe_key], priority=PROBE_PRIORITY)
+        except RuntimeError:  # closed meanwhile
+            return None
+        self._probe_until = time.monotonic() + timeout_s
+        try:
+            result = call.result(timeout=timeout_s)
+        except FutureTimeout:
+            return None
+        except Exception:
+            return False
+        return not result.whole_call_failed

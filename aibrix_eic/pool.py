@@ -1,35 +1,54 @@
-"""A small thread pool whose queue is ordered by priority.
+"""A small thread pool whose queue is ordered by priority, and which works
+around calls that hang.
 
 Reads are on vLLM's critical path (time to first token); writes are not. With
 a plain FIFO pool a burst of puts would queue every get behind it, so the
-connector submits gets at a higher priority than puts. Threads are daemons:
-a call stuck in the SDK must not hold up interpreter exit.
+connector submits gets at a higher priority than puts.
+
+A call stuck in the SDK holds its thread until the SDK returns it, which for a
+hung EIC can be long after EIC recovered. So a thread busy for longer than
+`stuck_after_s` (past any caller's deadline) no longer counts as a worker: the
+pool starts a replacement, up to `max_threads` in all, and a thread that comes
+back from a stuck call retires if the pool has enough workers without it.
+Threads are daemons: a stuck call must not hold up interpreter exit.
 """
 
 import itertools
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any, Callable
 
 GET_PRIORITY = 0
 PUT_PRIORITY = 1
+PROBE_PRIORITY = -1  # ahead of every request: it decides whether requests run at all
+_STOP_PRIORITY = -2
 
 
 class PriorityThreadPool:
-    def __init__(self, max_workers: int, name: str) -> None:
+    def __init__(self, max_workers: int, name: str, stuck_after_s: float | None = None, max_threads: int | None = None):
         self.max_workers = max_workers
+        self.max_threads = max(max_workers, max_threads or max_workers)
+        self._stuck_after_s = stuck_after_s
+        self._name = name
         self._queue: "queue.PriorityQueue[tuple[int, int, Any]]" = queue.PriorityQueue()
         self._order = itertools.count()
+        self._names = itertools.count()
         self._lock = threading.Lock()
         self._shutdown = False
-        # Started up front: idle threads cost little, and it keeps submit simple.
-        self._threads = [
-            threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(max_workers)
-        ]
-        for thread in self._threads:
-            thread.start()
-        self._name = name
+        self._busy_since: dict[threading.Thread, float | None] = {}  # every live thread
+        try:
+            with self._lock:
+                for _ in range(max_workers):
+                    self._start_thread_unsafe()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    @property
+    def threads(self) -> int:
+        return len(self._busy_since)
 
     def submit(self, fn: Callable[..., Any], *args: Any, priority: int = GET_PRIORITY) -> Future:
         """Run fn(*args) on a pool thread; lower priority values run first."""
@@ -38,6 +57,7 @@ class PriorityThreadPool:
             if self._shutdown:
                 raise RuntimeError(f"{self._name} pool is shut down")
             self._queue.put((priority, next(self._order), (future, fn, args)))
+            self._replace_stuck_unsafe()
         return future
 
     def shutdown(self) -> None:
@@ -46,6 +66,7 @@ class PriorityThreadPool:
             if self._shutdown:
                 return
             self._shutdown = True
+            nthreads = len(self._busy_since)
         while True:
             try:
                 _, _, item = self._queue.get_nowait()
@@ -53,20 +74,51 @@ class PriorityThreadPool:
                 break
             if item is not None:
                 item[0].cancel()
-        for _ in self._threads:
-            self._queue.put((-1, next(self._order), None))  # wakes and stops a worker
+        for _ in range(nthreads):
+            self._queue.put((_STOP_PRIORITY, next(self._order), None))
+
+    def _start_thread_unsafe(self) -> None:
+        thread = threading.Thread(target=self._work, name=f"{self._name}_{next(self._names)}", daemon=True)
+        thread.start()
+        self._busy_since[thread] = None
+
+    def _healthy_unsafe(self, now: float, excluding: threading.Thread | None = None) -> int:
+        limit = self._stuck_after_s
+        return sum(
+            1
+            for thread, since in self._busy_since.items()
+            if thread is not excluding and (since is None or limit is None or now - since <= limit)
+        )
+
+    def _replace_stuck_unsafe(self) -> None:
+        if self._stuck_after_s is None or len(self._busy_since) >= self.max_threads:
+            return
+        healthy = self._healthy_unsafe(time.monotonic())
+        while healthy < self.max_workers and len(self._busy_since) < self.max_threads:
+            self._start_thread_unsafe()
+            healthy += 1
 
     def _work(self) -> None:
+        me = threading.current_thread()
         while True:
             _, _, item = self._queue.get()
             if item is None:
+                with self._lock:
+                    self._busy_since.pop(me, None)
                 return
             future, fn, args = item
             if not future.set_running_or_notify_cancel():
                 continue
+            with self._lock:
+                self._busy_since[me] = time.monotonic()
             try:
                 result = fn(*args)
             except BaseException as e:
                 future.set_exception(e)
             else:
                 future.set_result(result)
+            with self._lock:
+                self._busy_since[me] = None
+                if self._healthy_unsafe(time.monotonic(), excluding=me) >= self.max_workers:
+                    del self._busy_since[me]  # a replacement took this thread's place
+                    return

@@ -191,6 +191,19 @@ class SdkClient:
             return CallResult([FAIL] * len(keys), True, f"mdel raised {e!r}")
         return self._interpret("mdel", status, outcome, len(keys))
 
+    def close(self) -> None:
+        """Let go of the client. The SDK documents no close; a version that
+        has one of these names gets it called. Later calls fail as FAIL."""
+        client, self._client = self._client, None
+        for name in ("close", "destroy", "uninit"):
+            method = getattr(client, name, None)
+            if callable(method):
+                try:
+                    method()
+                except Exception:
+                    pass
+                return
+
     def register(self, regions: Sequence[tuple[int, int]], cuda_device: int | None) -> tuple[bool, str]:
         """register_memory for (addr, nbytes) regions; (ok, message)."""
         iobufs = self._eic.IOBuffers()

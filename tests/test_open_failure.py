@@ -54,14 +54,6 @@ def assert_all_or_nothing(conn: EICConnector, before: set[threading.Thread]) -> 
     return True
 
 
-# The fix lives in connector/link code (the lead's part of issue 8); these
-# turn into XPASS, which fails the suite, once it lands: then drop the marks.
-pending_connector_fix = pytest.mark.xfail(
-    strict=True, reason="issue 8 defect 5: open() can leave the connector half-open (fix in link.py)"
-)
-
-
-@pending_connector_fix
 def test_warm_up_that_raises_does_not_leave_the_connector_half_open():
     # Built directly, so the config skips the load-time bound on
     # warmup_timeout_ms: 1e13 ms is past threading.TIMEOUT_MAX.
@@ -75,7 +67,6 @@ def test_warm_up_that_raises_does_not_leave_the_connector_half_open():
     assert threads_left(before) == []
 
 
-@pending_connector_fix
 @pytest.mark.parametrize("thread_name", ["aibrix_eic_probe", "aibrix_eic_data_2", "aibrix_eic_meta_1"])
 def test_a_thread_that_cannot_start_fails_open_cleanly_and_open_works_once_it_can(monkeypatch, thread_name):
     config = EICConfig.from_mapping(
