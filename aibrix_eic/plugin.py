@@ -1,11 +1,13 @@
 """Route AIBrix's EIC backend to aibrix_eic without changing AIBrix or vLLM.
 
 AIBrix 0.8's `Connector.create` does `from .eic import EICConnector` when the
-backend is "EIC" (shared/docs/aibrix-integration.md section 2), so we answer
-that import with a module whose EICConnector is ours. Three triggers install
-it: the `vllm.general_plugins` entry point (`register`), the .pth hook that
-runs at interpreter start (opt out with AIBRIX_EIC_DISABLE_AUTOLOAD=1), and
-an explicit `aibrix_eic.install()`.
+backend is "EIC" (aibrix_kvcache/l2/connectors/connector.py in
+https://github.com/vllm-project/aibrix), so we answer that import with a
+module whose EICConnector is ours. Three triggers install it: the
+`vllm.general_plugins` entry point (`register`), the .pth hook that runs at
+interpreter start (opt out with AIBRIX_EIC_DISABLE_AUTOLOAD=1), and an
+explicit `aibrix_eic.install()`. Inside vLLM, the entry point and the shim's
+import also send our log lines to vLLM's handler (logs.route_to_vllm).
 
 This module must stay cheap to import: the .pth hook runs in every process.
 """
@@ -28,6 +30,11 @@ class _ShimLoader:
         return None  # default module creation
 
     def exec_module(self, module) -> None:
+        # AIBrix imports this module when it builds the cache manager, in the
+        # worker, after vLLM configured its logging.
+        from aibrix_eic.logs import route_to_vllm
+
+        route_to_vllm()
         from aibrix_eic.connector import EICConnector
 
         module.EICConnector = EICConnector
@@ -81,7 +88,10 @@ def is_installed() -> bool:
 
 def register() -> None:
     """vLLM general plugin entry point: runs in every vLLM process."""
+    from aibrix_eic.logs import route_to_vllm
+
     install()
+    route_to_vllm()
 
 
 def autoload_disabled(environ=os.environ) -> bool:

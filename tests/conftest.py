@@ -12,6 +12,9 @@ from typing import Any
 
 import pytest
 
+# The real-vLLM suite needs its own venv and servers: `make e2e` runs it.
+collect_ignore = ["e2e"]
+
 # Read by aibrix_kvcache at import (memory_region.MR_USE_COMPACT_LAYOUT);
 # tests that need the token-validation layout patch it per test.
 os.environ.setdefault("AIBRIX_KV_CACHE_OL_TOKEN_VALIDATION_ENABLED", "0")
@@ -24,7 +27,7 @@ import aibrix_eic  # noqa: E402
 from aibrix_eic.config import ENV_CONFIG, ENV_CONFIG_UPSTREAM  # noqa: E402
 from aibrix_eic.engine import reset_stores  # noqa: E402
 
-# CPU-only torch cannot pin memory (shared/docs/aibrix-integration.md 3).
+# CPU-only torch cannot pin memory (pinning needs CUDA).
 _cache_manager.TESTING_DISABLE_PIN_MEMORY = True
 # Route AIBrix's EIC backend to us even when the .pth hook is disabled.
 aibrix_eic.install()

@@ -1,0 +1,119 @@
+"""Fixtures of the real-vLLM suite: the model, the prompts, the baseline
+server's outputs, and servers that are always stopped.
+
+Run with `make e2e` (it builds .venv-e2e). Each server's log and probe files
+stay under build/e2e/runs/<time>/<server>/ for inspection after a failure.
+"""
+
+import atexit
+import random
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+E2E_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(E2E_DIR))
+
+import model  # noqa: E402
+from server import ENGINE_BLOCK, Completion, Server  # noqa: E402
+
+REPO = E2E_DIR.parent.parent
+MODELS_ROOT = REPO / "build" / "e2e" / "models"
+
+# fp32 tiny model: a reload is bit-identical to a computed prefill here
+# (measured difference 0.0); the tolerance only absorbs summation-order noise.
+LOGPROB_TOL = 1e-4
+PROMPT_LEN = 1000
+# Type1 sends whole cache blocks of the prompt minus its last token.
+FULL_REUSE = (PROMPT_LEN - 1) // ENGINE_BLOCK * ENGINE_BLOCK
+
+
+def _prompt(seed: int, length: int = PROMPT_LEN) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, model.VOCAB_SIZE) for _ in range(length)]
+
+
+PROMPTS: dict[str, list[int]] = {f"p{i}": _prompt(100 + i) for i in range(6)}
+# shares its first 600 tokens with p0
+PROMPTS["p0-fork"] = PROMPTS["p0"][:600] + _prompt(999, PROMPT_LEN - 600)
+
+_live: list[Server] = []
+
+
+def _stop_all() -> None:
+    while _live:
+        _live.pop().stop()
+
+
+atexit.register(_stop_all)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _stop_all()
+
+
+def start_server(*args, wait: bool = True, **kwargs) -> Server:
+    server = Server(*args, **kwargs)
+    _live.append(server)
+    server.start()
+    if wait:
+        try:
+            server.wait_ready()
+            server.warm_up()
+        except BaseException:
+            stop_server(server)
+            raise
+    return server
+
+
+def stop_server(server: Server) -> None:
+    server.stop()
+    if server in _live:
+        _live.remove(server)
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    return model.build("tiny", MODELS_ROOT)
+
+
+@pytest.fixture(scope="session")
+def workdir() -> Path:
+    path = REPO / "build" / "e2e" / "runs" / time.strftime("%Y%m%d-%H%M%S")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_config(workdir: Path, name: str, text: str) -> Path:
+    path = workdir / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="session")
+def baseline(model_dir, workdir) -> dict[str, Completion]:
+    """Every prompt's outputs from a server without the connector."""
+    server = start_server("baseline", model_dir, workdir, connector=False)
+    try:
+        return {name: server.complete(prompt) for name, prompt in PROMPTS.items()}
+    finally:
+        stop_server(server)
+
+
+def assert_same_output(got: Completion, want: Completion, what: str = "") -> None:
+    assert got.token_ids == want.token_ids, f"{what}: token ids {got.token_ids} != baseline {want.token_ids}"
+    worst = max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs))
+    assert worst <= LOGPROB_TOL, f"{what}: logprobs differ by {worst} > {LOGPROB_TOL}"
+
+
+# connector-open line as vLLM formats a worker's record:
+# "(Worker pid=123) INFO 12-01 08:39:07 [connector.py:184] EIC connector open: ..."
+VLLM_PREFIX = r"^\((?P<proc>Worker(?:_TP\d+)?) pid=(?P<pid>\d+)\) (?P<level>[A-Z]+) \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+\.py:\d+\] "
+
+
+def open_line(remote_url: str) -> str:
+    import re
+
+    return VLLM_PREFIX + rf"EIC connector open: remote_url={re.escape(remote_url)} ns='' conn_id=(?P<conn_id>\S+)"

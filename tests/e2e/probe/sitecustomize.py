@@ -1,0 +1,90 @@
+"""TEST SCAFFOLDING: a window into the embedded engine inside vLLM's workers.
+
+The e2e suite puts this directory on the server's PYTHONPATH only, so Python
+imports it at start in every server process (API server, engine core,
+workers). With E2E_PROBE_DIR set, a daemon thread in each process that has
+loaded the embedded engine (it never imports it) does, every 0.2 s:
+
+- writes `store-<pid>.json`: each engine store's stats and key count, the
+  evidence that our L2 received and served blocks (the store lives in the
+  worker process, so the test cannot read it directly);
+- runs each `cmd-<name>.json` not yet run by this process, then writes
+  `done-<name>-<pid>.json`. Commands act on the store the way a remote
+  cluster's state would change under the server: {"params": "fail_rate=0.2"}
+  re-applies engine endpoint parameters (docs/engine.md), {"corrupt": true}
+  overwrites every stored value's bytes, {"clear": true} drops all values.
+
+It never touches vLLM, AIBrix or the connector.
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+
+_DIR = os.environ.get("E2E_PROBE_DIR")
+_REGISTRY = "aibrix_eic.engine.registry"
+
+
+def _write(path: str, payload: dict) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(payload, f)
+    os.replace(tmp, path)
+
+
+def _corrupt(store) -> int:
+    with store._lock:
+        values = list(store._index.values())
+        for value in values:
+            value.buf[: value.nbytes] = 0x3C  # every fp32 becomes 0x3c3c3c3c (0.0115): finite, wrong
+    return len(values)
+
+
+def _run(registry, command: dict) -> dict:
+    result = {}
+    for name, store in list(registry._stores.items()):
+        if "params" in command:
+            _, params = registry.parse_endpoint("?" + command["params"])
+            registry.apply_params(store, params)
+            result[name] = "params applied"
+        if command.get("corrupt"):
+            result[name] = f"corrupted {_corrupt(store)} values"
+        if command.get("clear"):
+            store.clear()
+            result[name] = "cleared"
+    return result
+
+
+def _loop() -> None:
+    pid = os.getpid()
+    done: set[str] = set()
+    while True:
+        time.sleep(0.2)
+        registry = sys.modules.get(_REGISTRY)
+        if registry is None:
+            continue
+        try:
+            for entry in sorted(os.listdir(_DIR)):
+                if entry.startswith("cmd-") and entry.endswith(".json") and entry not in done:
+                    done.add(entry)
+                    with open(os.path.join(_DIR, entry)) as f:
+                        result = _run(registry, json.load(f))
+                    _write(os.path.join(_DIR, f"done-{entry[4:-5]}-{pid}.json"), result)
+            stores = {
+                name: dict(vars(store.stats), keys=len(store), unreachable=store.faults.unreachable)
+                for name, store in list(registry._stores.items())
+            }
+            _write(os.path.join(_DIR, f"store-{pid}.json"), {"pid": pid, "time": time.time(), "stores": stores})
+        except Exception as e:  # keep probing; say why once per kind
+            sys.stderr.write(f"e2e probe {pid}: {e!r}\n")
+
+
+def _start() -> None:
+    threading.Thread(target=_loop, name="e2e-probe", daemon=True).start()
+
+
+if _DIR:
+    _start()
+    os.register_at_fork(after_in_child=_start)  # a forked worker has no threads

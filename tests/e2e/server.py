@@ -1,0 +1,296 @@
+"""Start, query and stop a real vLLM OpenAI server for the e2e suite.
+
+Every wait is bounded and says what it waited for; every server runs in its
+own process group and is killed by it (workers included), even when a test
+fails. Servers listen on 127.0.0.1 only.
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+E2E_DIR = Path(__file__).resolve().parent
+PROBE_DIR = E2E_DIR / "probe"
+MODEL_NAME = "e2e"
+ENGINE_BLOCK = 32  # --block-size; a multiple of 32 on CPU
+START_TIMEOUT_S = float(os.environ.get("E2E_START_TIMEOUT_S", "240"))
+REQUEST_TIMEOUT_S = 120.0
+
+# AIBrix's Type1 connector, adapted for CPU by the test-owned cpu_type1 module.
+TYPE1_CPU = {
+    "kv_connector": "AIBrixOffloadingConnector",
+    "kv_role": "kv_both",
+    "kv_connector_module_path": "cpu_type1",
+}
+
+
+class ServerError(AssertionError):
+    pass
+
+
+@dataclass
+class Completion:
+    id: str
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _clean_env() -> dict[str, str]:
+    """The caller's environment without settings that would change the server."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("VLLM_", "AIBRIX_", "E2E_PROBE")) and k not in ("PYTHONPATH",)
+    }
+
+
+class Server:
+    def __init__(
+        self,
+        name: str,
+        model_dir: Path,
+        workdir: Path,
+        *,
+        connector: bool = True,
+        env: dict[str, str] | None = None,
+        args: list[str] | None = None,
+        prefix_caching: bool = False,
+    ) -> None:
+        self.name = name
+        self.workdir = workdir / name
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.probe_dir = self.workdir / "probe"
+        self.probe_dir.mkdir(exist_ok=True)
+        self.log_path = self.workdir / "server.log"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+        self.env = _clean_env()
+        self.env.update(
+            {
+                "PYTHONPATH": os.pathsep.join([str(E2E_DIR), str(PROBE_DIR)]),
+                "E2E_PROBE_DIR": str(self.probe_dir),
+                "VLLM_CPU_KVCACHE_SPACE": "1",
+                "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1",
+                "NO_COLOR": "1",
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+            }
+        )
+        if connector:
+            self.env.update(
+                {
+                    "AIBRIX_KV_CACHE_OL_L2_CACHE_BACKEND": "EIC",
+                    "AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED": "0",
+                }
+            )
+        self.env.update(env or {})
+        self.argv = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(model_dir),
+            "--served-model-name", MODEL_NAME,
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--dtype", "float32",  # vLLM-CPU would downcast fp32 to bf16
+            "--block-size", str(ENGINE_BLOCK),
+            "--max-model-len", "4096",
+            "--max-num-seqs", "16",
+            "--seed", "0",
+            "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
+        ]
+        if connector:
+            self.argv += ["--kv-transfer-config", json.dumps(TYPE1_CPU)]
+        self.argv += args or []
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> "Server":
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self.argv, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        return self
+
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> "Server":
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerError(f"{self.name}: server exited with {self.proc.returncode} before /health\n{self.tail()}")
+            if self.healthy():
+                return self
+            time.sleep(0.5)
+        raise ServerError(f"{self.name}: no /health 200 within {timeout_s:.0f}s\n{self.tail()}")
+
+    def wait_exit(self, timeout_s: float = START_TIMEOUT_S) -> int:
+        """For servers expected to fail at start: their exit code."""
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise ServerError(f"{self.name}: still running after {timeout_s:.0f}s\n{self.tail()}") from None
+
+    def stop(self) -> None:
+        """SIGTERM the whole process group, SIGKILL what is left after 30 s."""
+        if self.proc is None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                continue
+            # the leader is gone; make sure no worker of its group is left
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            break
+        if self._log:
+            self._log.close()
+
+    def __enter__(self) -> "Server":
+        return self.start().wait_ready()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------ requests
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=5) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def complete(self, prompt: list[int], max_tokens: int = 8, timeout_s: float = REQUEST_TIMEOUT_S) -> Completion:
+        body = {
+            "model": MODEL_NAME,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "logprobs": 0,
+            "return_tokens_as_token_ids": True,
+        }
+        request = urllib.request.Request(
+            f"{self.url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as r:
+                out = json.load(r)
+        except urllib.error.HTTPError as e:
+            raise ServerError(f"{self.name}: HTTP {e.code}: {e.read()[:500]!r}") from None
+        choice = out["choices"][0]
+        tokens = choice["logprobs"]["tokens"]
+        return Completion(
+            out["id"],
+            [int(t.split(":", 1)[1]) for t in tokens],
+            [float(x) for x in choice["logprobs"]["token_logprobs"]],
+        )
+
+    def warm_up(self) -> None:
+        """The first request after start can take 3-20 s; take it here."""
+        self.complete([5, 6, 7, 8], max_tokens=2)
+
+    # ------------------------------------------------------------ evidence
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def tail(self, lines: int = 60) -> str:
+        if not self.log_path.exists():
+            return "(no log)"
+        return "\n".join(self.log().splitlines()[-lines:])
+
+    def wait_log(self, pattern: str, timeout_s: float = 30.0, count: int = 1) -> list[re.Match]:
+        """The first `count` matches of a multiline regex in the log."""
+        regex = re.compile(pattern, re.MULTILINE)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = list(regex.finditer(self.log()))
+            if len(found) >= count:
+                return found
+            if time.monotonic() > deadline:
+                raise ServerError(f"{self.name}: {count}x /{pattern}/ not in the log after {timeout_s:.0f}s "
+                                  f"({len(found)} found)\n{self.tail()}")
+            time.sleep(0.2)
+
+    def reuse(self, completion: Completion, timeout_s: float = 10.0) -> int:
+        """Tokens AIBrix reports reused for this request (0 if none)."""
+        return self._aibrix_count(completion, "reused", timeout_s)
+
+    def reuse_after(self, completion: Completion) -> tuple[int, int]:
+        """(tokens vLLM had computed before the reload, tokens reused) of the
+        request's first reload, (0, 0) if none. With several requests in a
+        step, chunked prefill can compute a few tokens before the reload."""
+        regex = re.compile(rf"Request\[id={re.escape(completion.id)}[^\]]*context_len=(\d+)\] reused (\d+) tokens")
+        match = regex.search(self.log())
+        return (int(match[1]), int(match[2])) if match else (0, 0)
+
+    def sent(self, completion: Completion, timeout_s: float = 10.0) -> int:
+        """Tokens AIBrix reports sent to the cache for this request."""
+        return self._aibrix_count(completion, "sent", timeout_s)
+
+    def _aibrix_count(self, completion: Completion, verb: str, timeout_s: float) -> int:
+        # vLLM's engine request id is the response id plus suffixes.
+        regex = re.compile(rf"Request\[id={re.escape(completion.id)}[^\]]*\] {verb} (\d+) tokens")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = regex.findall(self.log())
+            if found or time.monotonic() > deadline:
+                return sum(int(n) for n in found)
+            if verb == "reused":  # logged before the response; absent means 0
+                return 0
+            time.sleep(0.2)
+
+    # ------------------------------------------------------------ the probe
+    def store_stats(self) -> dict[int, dict]:
+        """pid -> the probe's latest snapshot, for processes that use the engine."""
+        out = {}
+        for path in self.probe_dir.glob("store-*.json"):
+            try:
+                snapshot = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if snapshot["stores"]:
+                out[snapshot["pid"]] = snapshot
+        return out
+
+    def fresh_stats(self, timeout_s: float = 10.0) -> dict[int, dict]:
+        """Snapshots taken after this call, from every engine process."""
+        since = time.time()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            stats = self.store_stats()
+            if stats and all(s["time"] > since for s in stats.values()):
+                return stats
+            time.sleep(0.2)
+        raise ServerError(f"{self.name}: no fresh probe snapshot within {timeout_s:.0f}s: {self.store_stats()}")
+
+    def probe(self, name: str, command: dict, processes: int = 1, timeout_s: float = 15.0) -> list[dict]:
+        """Run a probe command in the engine processes; their results."""
+        (self.probe_dir / f"cmd-{name}.json").write_text(json.dumps(command))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            done = sorted(self.probe_dir.glob(f"done-{name}-*.json"))
+            if len(done) >= processes:
+                return [json.loads(p.read_text()) for p in done]
+            time.sleep(0.2)
+        raise ServerError(f"{self.name}: probe command {name} not done in {processes} processes within {timeout_s:.0f}s")
