@@ -51,33 +51,62 @@ _MAGIC = ManagedMemoryRegion.MAGIC
 _FOOTER_NBYTES = 2 * _INT32
 
 
-def restore_packed_tokens(mr: ManagedMemoryRegion) -> bool:
-    """Parse the tokens a get brought in and cache them on `mr`.
+class KeyWithTokens(bytes):
+    """A cache key that remembers the tokens it stands for (prefix and
+    block), so the connector can check a loaded block's own tokens against
+    them: L2Cache hands `mget` the cache keys only."""
 
-    False when the value does not hold a well-formed footer of exactly the
+    tokens: TokenListView
+
+
+def with_tokens(real_key, cache_key: bytes) -> bytes:
+    if not isinstance(real_key, TokenListView):
+        return cache_key
+    tagged = KeyWithTokens(cache_key)
+    tagged.tokens = real_key
+    return tagged
+
+
+def restore_packed_tokens(mr: ManagedMemoryRegion) -> np.ndarray | None:
+    """Parse the tokens a get brought in, cache them on `mr`, and return them
+    (prefix then block).
+
+    None when the value does not hold a well-formed footer of exactly the
     region's size, in which case the block must not be reported loaded.
     """
     block_nbytes = getattr(mr, "_block_nbytes", -1)
     if block_nbytes <= 0:
-        return False
+        return None
     start = mr.addr + block_nbytes
     header_end = start + _INT32 + _FOOTER_NBYTES
     if header_end > mr.addr + mr.length:
-        return False
+        return None
     header = mr.slab[start:header_end].view(torch.int32).numpy()
     magic, prefix_len, query_len = int(header[0]), int(header[1]), int(header[2])
     if magic != _MAGIC or prefix_len < 0 or query_len <= 0:
-        return False
+        return None
     if ManagedMemoryRegion.calculate_size(block_nbytes, prefix_len + query_len) != mr.length:
-        return False
+        return None
     tokens_end = header_end + _INT32 * (prefix_len + query_len)
     all_tokens = mr.slab[header_end:tokens_end].view(torch.int32).numpy().copy()
     # Views of one array: L2Cache concatenates them with `+`, which
     # TokenListView allows only for adjacent views of the same data.
     mr._prefix = TokenListView(all_tokens, 0, prefix_len) if prefix_len else None
     mr._query = TokenListView(all_tokens, prefix_len, prefix_len + query_len)
-    return True
+    return all_tokens
 
+
+def tokens_belong(loaded: np.ndarray, key: bytes, previous: np.ndarray | None) -> bool:
+    """Whether a loaded block's tokens are the ones its request asked for:
+    equal to the key's tokens when the key carries them (with_tokens), and in
+    any case an extension of the previous block's, so a block from another
+    sequence cannot sit inside a loaded prefix."""
+    expected = getattr(key, "tokens", None)
+    if expected is not None and not np.array_equal(loaded, expected.to_numpy()):
+        return False
+    if previous is not None and (len(loaded) <= len(previous) or not np.array_equal(loaded[: len(previous)], previous)):
+        return False
+    return True
 
 
 class _OrderedTimeoutFuture:

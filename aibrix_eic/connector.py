@@ -29,7 +29,7 @@ from aibrix_kvcache.l2.connectors import Connector, ConnectorFeature
 from aibrix_kvcache.memory import ManagedMemoryRegion, MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes
 
-from .aibrix_compat import order_timeouts, restore_packed_tokens
+from .aibrix_compat import order_timeouts, restore_packed_tokens, tokens_belong, with_tokens
 from .checks import BlockChecker, InvalidRequest, check_keys, check_lengths
 from .codec import KeyCodec
 from .config import ENV_CONFIG, ENV_CONFIG_UPSTREAM, ConfigError, EICConfig, config_path_from_env
@@ -305,6 +305,9 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         which would count a block after a hole as loaded; with one batch our
         prefix-closed statuses are all it sees.
         """
+        if not MemoryRegion.use_compact_layout():
+            # Token-validation layout: keep each block's tokens with its key (see mget).
+            keys = [(real_key, with_tokens(real_key, cache_key)) for real_key, cache_key in keys]
         pairs = list(zip(keys, mrs))
         return [pairs] if pairs else []
 
@@ -326,22 +329,34 @@ class EICConnector(Connector[bytes, torch.Tensor]):
             statuses, loaded = key_statuses(chunks, "get", timeout_ms)
             close_after(statuses, loaded)
             if loaded and not MemoryRegion.use_compact_layout():
-                loaded = self._restore_tokens(mrs, statuses, loaded)
+                loaded = self._restore_tokens(keys, mrs, statuses, loaded)
         finally:
             release(mrs)
         self._counters.add(gets=1, get_blocks=len(keys), get_hits=loaded)
         return statuses
 
     @staticmethod
-    def _restore_tokens(mrs: Sequence[MemoryRegion], statuses: list[Status], loaded: int) -> int:
+    def _restore_tokens(keys: Sequence[bytes], mrs: Sequence[MemoryRegion], statuses: list[Status], loaded: int) -> int:
         """Token-validation layout: hand L2Cache correctly parsed tokens (see
-        aibrix_compat); a block without a well-formed footer ends the prefix."""
+        aibrix_compat). The prefix ends at a block without a well-formed
+        footer, or whose tokens are not the ones asked for: L2Cache skips
+        such a block but counts the ones after it."""
+        previous = None
         for i in range(loaded):
             mr = mrs[i]
-            if isinstance(mr, ManagedMemoryRegion) and not restore_packed_tokens(mr):
-                statuses[i] = Status(StatusCodes.NOT_FOUND, f"block {i}: stored value has no valid token footer")
-                close_after(statuses, i)
-                return i
+            if not isinstance(mr, ManagedMemoryRegion):
+                continue
+            block_tokens = restore_packed_tokens(mr)
+            if block_tokens is None:
+                reason = "stored value has no valid token footer"
+            elif not tokens_belong(block_tokens, keys[i], previous):
+                reason = "stored tokens are not this request's (another sequence's block)"
+            else:
+                previous = block_tokens
+                continue
+            statuses[i] = Status(StatusCodes.NOT_FOUND, f"block {i}: {reason}")
+            close_after(statuses, i)
+            return i
         return loaded
 
     @_never_raises("get")

@@ -218,3 +218,21 @@ def test_prefix_get_reads_the_suffix(make_l2):
     status, mrs = l2.get(suffix, prefix=prefix, prefix_blocks=4)
     assert status.get() == 4
     assert all(l2.matches(mrs[i], seed=16, block_index=4 + i) for i in range(4))
+
+
+def test_a_block_of_another_sequence_ends_the_prefix_in_the_token_layout(make_l2, layout):
+    """A second writer (or a hash collision) stores, under one of our keys, a
+    well-formed block of another sequence: it must not count as loaded, nor
+    may any block after it (L2Cache skips it but counts the rest)."""
+    if layout == "compact":
+        pytest.skip("the compact layout stores no tokens to check")
+    l2 = make_l2()
+    ours, theirs = tokens(4, seed=17), tokens(4, seed=18)
+    l2.put(ours, l2.filled_blocks(seed=17, nblocks=4))
+    their_blocks = l2.blocks(4)
+    l2.put(theirs, their_blocks)  # packs their tokens into their blocks
+    our_keys = [key for _, key in l2.cache._cache_block_keys(None, ours)]
+    assert isinstance(l2.run(l2.connector.mput([our_keys[1]], [their_blocks[1]])), list)
+    status, mrs = l2.get(ours)
+    assert status.get() == 1
+    assert l2.matches(mrs[0], seed=17, block_index=0)
