@@ -305,10 +305,14 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         which would count a block after a hole as loaded; with one batch our
         prefix-closed statuses are all it sees.
         """
-        if not MemoryRegion.use_compact_layout():
-            # Token-validation layout: keep each block's tokens with its key (see mget).
-            keys = [(real_key, with_tokens(real_key, cache_key)) for real_key, cache_key in keys]
-        pairs = list(zip(keys, mrs))
+        try:
+            if not MemoryRegion.use_compact_layout():
+                # Token-validation layout: keep each block's tokens with its key (see mget).
+                keys = [(real_key, with_tokens(real_key, cache_key)) for real_key, cache_key in keys]
+            pairs = list(zip(keys, mrs))
+        except Exception as e:  # bad input: no batch, so L2Cache sends nothing
+            self._rate_log.log("get_batches", logging.WARNING, "EIC get_batches: unusable request: %r", e)
+            return []
         return [pairs] if pairs else []
 
     # ------------------------------------------------------------- reading

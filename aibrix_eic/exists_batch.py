@@ -38,6 +38,7 @@ class ExistsBatcher:
         loop = asyncio.get_running_loop()
         batch = self._pending.get(loop)
         if batch is None:
+            self._forget_closed_loops()
             batch = self._pending[loop] = ([], [])
             loop.call_soon(self._flush, loop)
         waiter = loop.create_future()
@@ -45,9 +46,18 @@ class ExistsBatcher:
         batch[1].append(waiter)
         return await waiter
 
+    def _forget_closed_loops(self) -> None:
+        """A loop closed before its flush ran leaves its batch behind; nobody
+        can be answered on a closed loop, so let go of it and its waiters."""
+        for loop in [loop for loop in self._pending if loop.is_closed()]:
+            self._pending.pop(loop, None)
+
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         """Send the keys of this loop tick as mexist calls."""
-        eic_keys, waiters = self._pending.pop(loop)
+        batch = self._pending.pop(loop, None)
+        if batch is None:
+            return
+        eic_keys, waiters = batch
         try:
             link = self._link
             session, pool = link.session, link.meta_pool

@@ -93,3 +93,33 @@ def test_close_answers_exists_calls_still_queued():
         assert all(status.is_cancelled() or status.is_not_found() for status in statuses)
     finally:
         rig.close()
+
+
+def test_an_event_loop_closed_before_its_exists_flush_is_not_kept():
+    import asyncio
+    import gc
+    import weakref
+
+    rig = ConnectorRig(remote_url="local://life").open()
+    try:
+        doomed = asyncio.SelectorEventLoop()  # a stdlib loop (uvloop's are not collected at all)
+        doomed.create_task(rig.conn.exists(b"k" * 16))
+        doomed.call_soon(doomed.stop)  # runs before the flush the exists() scheduled
+        doomed.run_forever()
+        doomed.close()
+        doomed_ref = weakref.ref(doomed)
+        del doomed
+        assert rig.run(rig.conn.exists(b"j" * 16)).is_not_found()  # the connector still answers
+        gc.collect()
+        assert doomed_ref() is None, "the connector still holds the closed loop"
+    finally:
+        rig.close()
+
+
+def test_get_batches_of_unusable_input_is_no_batch_not_an_exception():
+    rig = ConnectorRig(remote_url="local://life").open()
+    try:
+        assert rig.conn.get_batches(None, None, 8) == []
+        assert rig.conn.get_batches([], [], 8) == []
+    finally:
+        rig.close()
