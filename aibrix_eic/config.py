@@ -79,6 +79,8 @@ class EICConfig:
     put_registered: bool = True
     max_value_bytes: int = 4 * 1024 * 1024
     block_nbytes: int | None = None
+    metrics: bool = True  # Prometheus series, see metrics.py
+    metrics_port: int | None = None  # per-process exporter when vLLM's /metrics cannot show them
     model_id: str | None = None  # goes into every key; see identity.py
 
     # ----------------------------------------------------------- derived
@@ -242,6 +244,7 @@ BOUNDS: dict[str, tuple[int | float, int | float]] = {
     "warmup_timeout_ms": (0.001, 3_600_000),
     "max_value_bytes": (1, 4 * GiB),
     "block_nbytes": (1, 4 * GiB),
+    "metrics_port": (1, 65535),
 }
 _SIZE_KEYS = frozenset({"batch_bytes", "max_value_bytes", "block_nbytes"})
 
@@ -352,6 +355,10 @@ def _optional_size(source: str, key: str, raw: Any) -> int | None:
     return None if raw is None else _size(source, key, raw)
 
 
+def _optional_int(source: str, key: str, raw: Any) -> int | None:
+    return None if raw is None else _int(source, key, raw)
+
+
 _KEY_CHECKS = {
     "remote_url": _str,
     "eic_instance_id": _str,
@@ -380,5 +387,7 @@ _KEY_CHECKS = {
     "put_registered": _bool,
     "max_value_bytes": _size,
     "block_nbytes": _optional_size,
+    "metrics": _bool,
+    "metrics_port": _optional_int,
     "model_id": _model_id,
 }

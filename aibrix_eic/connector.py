@@ -21,6 +21,7 @@ import asyncio
 import functools
 import logging
 import os
+import time
 from concurrent.futures import Executor
 from typing import Any, List, Sequence, Tuple
 
@@ -33,12 +34,14 @@ from .aibrix_compat import order_timeouts, restore_packed_tokens, tokens_belong,
 from .checks import BlockChecker, InvalidRequest, check_keys, check_lengths
 from .codec import KeyCodec
 from .config import ENV_CONFIG, ENV_CONFIG_UPSTREAM, ConfigError, EICConfig, config_path_from_env
-from .counters import Counters
+from .counters import Counters, unloaded_reasons
 from .dispatch import DELETE, GET, PUT, Chunk, Dispatcher
 from .exists_batch import ExistsBatcher
 from .identity import ModelIdentity, resolve_identity
 from .link import Link, Session
+from . import live
 from .logs import RateLimitedLogger
+from .metrics import DELETE_SKIPPED, FAST_MISS, PUT_SKIPPED, for_connector
 from .outcomes import NOT_FOUND, OK, close_after, key_statuses, put_outcome
 from .request_guard import hold, release
 from .resilience import CircuitBreaker
@@ -46,26 +49,38 @@ from .sdk import load_sdk_module
 
 logger = logging.getLogger(__name__)
 
-_PUT_SKIPPED = Status(StatusCodes.ERROR, "put skipped: EIC circuit is open (EIC unavailable)")
-_DELETE_SKIPPED = Status(StatusCodes.ERROR, "delete skipped: EIC circuit is open (EIC unavailable)")
+# What requests get while the circuit is open (metrics.py tells them apart).
+_PUT_SKIPPED, _DELETE_SKIPPED = PUT_SKIPPED, DELETE_SKIPPED
+# The requests the metrics count, by their name there; get() and put() go
+# through mget() and mput(), so each request is counted once.
+_METRIC_OPS = {"mget": "get", "mput": "put", "exists": "exists", "delete": "delete"}
 
 
 def _never_raises(op: str):
-    """Turn any exception of an async op into an ERROR Status."""
+    """Turn any exception of an async op into an ERROR Status, and count
+    the request in the metrics."""
+    metric_op = _METRIC_OPS.get(op)
 
     def decorate(method):
         @functools.wraps(method)
         async def wrapper(self: "EICConnector", *args, **kwargs):
+            started = time.perf_counter()
             try:
-                return await method(self, *args, **kwargs)
+                result = await method(self, *args, **kwargs)
             except asyncio.CancelledError:
                 raise
             except InvalidRequest as e:
                 self._counters.add(invalid=1)
-                return Status(StatusCodes.INVALID, f"{op}: {e}")
+                result = Status(StatusCodes.INVALID, f"{op}: {e}")
             except BaseException as e:  # AssertionError too: nothing escapes
                 self._rate_log.log(f"{op}-internal", logging.ERROR, "EIC %s failed internally: %r", op, e)
-                return Status(StatusCodes.ERROR, f"{op} failed internally: {e!r}")
+                result = Status(StatusCodes.ERROR, f"{op} failed internally: {e!r}")
+            if metric_op is not None:
+                try:
+                    self._metrics.record_request(metric_op, result, args, time.perf_counter() - started)
+                except Exception as e:  # metrics never cost a request its answer
+                    self._rate_log.log("metrics", logging.WARNING, "EIC metrics failed: %r", e)
+            return result
 
         return wrapper
 
@@ -93,9 +108,12 @@ class EICConnector(Connector[bytes, torch.Tensor]):
                 self._config_error = e
         self._identity = resolve_identity(self._config.model_id)
         self._codec = KeyCodec(conn_id, self._config.eic_kv_ns, self._identity.token)
-        self._counters = Counters()
+        self._metrics = for_connector(self._config, conn_id)
+        self._counters = Counters(self._metrics)
         self._rate_log = RateLimitedLogger(logger)
         self._link = Link(self._config, module, self._codec.prefix, self._rate_log)
+        self._link.metrics = self._metrics
+        live.add(self)  # for aibrix_eic.health()
         self._blocks = BlockChecker(
             self._link.regions, self._config.max_value_bytes, self._config.require_registration,
             self._config.block_nbytes,
@@ -159,7 +177,10 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         return self._link.is_open
 
     def health(self) -> dict[str, Any]:
-        """State an operator (or `aibrix-eic check`) can read."""
+        """The connector's state and counters, for operators and tools; a
+        public, stable call (fields in docs/operations.md#health). The
+        `aibrix_eic_*` metrics export the same counters, and
+        `aibrix_eic.health()` returns this for every connector in the process."""
         link = self._link
         snapshot = link.breaker.snapshot()
         return {
@@ -220,6 +241,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         try:
             self._link.close()
             self._blocks.forget()
+            self._metrics.closed()
             return OK
         except Exception as e:
             return Status(StatusCodes.ERROR, f"EIC close failed: {e!r}")
@@ -250,6 +272,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
                 regions.append((slab.data_ptr(), nbytes))
             cuda_device = slabs[0].device.index if slabs[0].is_cuda else None
             nbytes, error = self._link.register(regions, cuda_device)
+            self._metrics.registered(sum(n for _, n in self._link.regions.all()))
             if error and self._config.require_registration:
                 return Status(StatusCodes.ERROR, error)
             if nbytes:
@@ -324,7 +347,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         check_lengths(keys, mrs)
         session = self._live_session()
         if session is None:
-            return [NOT_FOUND] * len(keys)
+            return [FAST_MISS] * len(keys)
         chunks = self._held_chunks(session, keys, mrs, "mget")
         if isinstance(chunks, Status):
             return chunks
@@ -336,7 +359,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
                 loaded = self._restore_tokens(keys, mrs, statuses, loaded)
         finally:
             release(mrs)
-        self._counters.add(gets=1, get_blocks=len(keys), get_hits=loaded)
+        self._counters.add(gets=1, get_blocks=len(keys), get_hits=loaded, **unloaded_reasons(chunks))
         return statuses
 
     @staticmethod
@@ -377,7 +400,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
             return refusal
         eic_key = self._encode_keys([key])[0]
         if self._live_session() is None:
-            return NOT_FOUND
+            return FAST_MISS
         return await self._exists.exists(eic_key)
 
     # ------------------------------------------------------------- writing

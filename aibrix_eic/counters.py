@@ -1,24 +1,49 @@
 """Operation counters: what `EICConnector.health()` reports, cheap enough to
-bump on every request."""
+bump on every request. Each amount is also handed to the connector's
+Prometheus series (metrics.py), so health() and /metrics read the same
+numbers."""
 
 import threading
+from typing import Any, Sequence
+
+from .metrics import NO_METRICS, ConnectorMetrics, NoMetrics
+from .sdk import HIT, MISS
 
 
 class Counters:
     FIELDS = (
-        "gets", "get_blocks", "get_hits", "puts", "put_blocks", "put_failures",
+        "gets", "get_blocks", "get_hits", "get_errors", "get_timeouts", "puts", "put_blocks", "put_failures",
         "exists", "exists_calls", "deletes", "retries", "timeouts", "fast_fails", "invalid",
     )  # fmt: skip
 
-    def __init__(self) -> None:
+    def __init__(self, metrics: "ConnectorMetrics | NoMetrics" = NO_METRICS) -> None:
         self._lock = threading.Lock()
         self._values = dict.fromkeys(self.FIELDS, 0)
+        self.metrics = metrics
 
     def add(self, **amounts: int) -> None:
         with self._lock:
             for name, amount in amounts.items():
                 self._values[name] += amount
+        self.metrics.counted(amounts)
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self._values)
+
+
+def unloaded_reasons(chunks: Sequence[Any]) -> dict[str, int]:
+    """get_errors and get_timeouts of one mget, from its dispatch chunks
+    (`keys`, and `outcomes` or None when the deadline came first): keys EIC
+    failed, and keys not answered in time. The other keys not loaded were
+    misses, or came after a key that was not loaded."""
+    errors = timeouts = 0
+    for chunk in chunks:
+        outcomes = chunk.outcomes
+        if outcomes is None:
+            timeouts += len(chunk.keys)
+            continue
+        hits = outcomes.count(HIT)
+        if hits != len(outcomes):
+            errors += len(outcomes) - hits - outcomes.count(MISS)
+    return {"get_errors": errors, "get_timeouts": timeouts}

@@ -156,11 +156,19 @@ class Dispatcher:
         finally:
             chunk.release()
 
+    def _call(self, op: Operation, client: SdkClient, keys: list[str], buffers: list) -> CallResult:
+        metrics = self._counters.metrics
+        metrics.call_started(op.name)  # the in-flight gauge and the SDK call count
+        try:
+            return op.call(client, keys, buffers)
+        finally:
+            metrics.call_finished()
+
     def _call_with_retry(self, op: Operation, client: SdkClient, chunk: Chunk, deadline: Deadline) -> None:
         """Run one SDK call, then re-send keys it failed (never misses) while
         the retry budget, the deadline and the breaker allow."""
         link = self._link
-        result = op.call(client, chunk.keys, chunk.buffers)
+        result = self._call(op, client, chunk.keys, chunk.buffers)
         link.observe(result)
         outcomes, detail = list(result.outcomes), result.detail
         for attempt in range(1, self._config.retry_attempts + 1):
@@ -173,7 +181,7 @@ class Dispatcher:
             time.sleep(delay)
             self._counters.add(retries=len(again))
             buffers = [chunk.buffers[i] for i in again] if chunk.buffers else []
-            result = op.call(client, [chunk.keys[i] for i in again], buffers)
+            result = self._call(op, client, [chunk.keys[i] for i in again], buffers)
             link.observe(result)
             for j, i in enumerate(again):
                 outcomes[i] = result.outcomes[j]

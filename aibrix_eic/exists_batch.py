@@ -18,7 +18,8 @@ from .config import EICConfig
 from .counters import Counters
 from .link import Link, Session
 from .logs import RateLimitedLogger
-from .outcomes import NOT_FOUND, answer, answer_exists
+from .metrics import FAST_MISS
+from .outcomes import answer, answer_exists
 from .sdk import CallResult
 
 
@@ -63,7 +64,7 @@ class ExistsBatcher:
             session, pool = link.session, link.meta_pool
             if link.breaker.tripped or session is None or pool is None:
                 self._counters.add(fast_fails=1)
-                answer(waiters, 0, len(waiters), NOT_FOUND)
+                answer(waiters, 0, len(waiters), FAST_MISS)
                 return
             timeout_ms = self._config.exists_timeout_ms
             step = self._config.batch_keys
@@ -93,7 +94,12 @@ class ExistsBatcher:
             answer(waiters, 0, len(waiters), Status(StatusCodes.ERROR, f"exists failed internally: {e!r}"))
 
     def _mexist(self, session: Session, eic_keys: list[str]) -> CallResult:
-        result = session.client.mexist(eic_keys)
+        metrics = self._counters.metrics
+        metrics.call_started("exists")
+        try:
+            result = session.client.mexist(eic_keys)
+        finally:
+            metrics.call_finished()
         self._link.observe(result)
         return result
 

@@ -1,0 +1,334 @@
+"""Prometheus metrics of the EIC connector, named `aibrix_eic_*`.
+
+Every series carries the labels an operator filters on: `namespace` (the
+EIC namespace, eic_kv_ns), `model` (the config's model_id, "" without one)
+and `partition` (the TP rank's slice of AIBrix's conn_id, e.g.
+`h0_7_l0_79`). Never a key.
+
+Where they appear: vLLM's TP workers are processes of their own, and vLLM's
+API server serves `/metrics` from a MultiProcessCollector when
+PROMETHEUS_MULTIPROC_DIR is set (vllm/v1/metrics/prometheus.py,
+https://github.com/vllm-project/vllm/blob/main/vllm/v1/metrics/prometheus.py;
+vLLM sets the variable itself only with more than one API server). With the
+variable set in the worker's environment, prometheus_client writes these
+series to files there and they show up on vLLM's /metrics. Without it,
+`metrics_port` in the config starts a per-process exporter instead.
+
+Counters mirror the connector's health() counters: Counters.add forwards
+each amount here, so both read the same numbers. Children are bound once
+per connector, so an update on the hot path is one lock and one add.
+"""
+
+import logging
+import os
+import re
+import threading
+from typing import Any, Mapping
+
+import prometheus_client
+from aibrix_kvcache.status import Status, StatusCodes
+from prometheus_client import Counter, Gauge, Histogram
+
+logger = logging.getLogger(__name__)
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+LABELS = ("namespace", "model", "partition")
+OPS = ("get", "put", "exists", "delete")
+# Outcome of one request (one mget/mput/exists/delete call by AIBrix).
+REQUEST_OUTCOMES = {
+    "get": ("hit", "partial", "miss", "error", "timeout", "fast_fail", "invalid"),
+    "put": ("ok", "error", "timeout", "fast_fail", "invalid"),
+    "exists": ("hit", "miss", "error", "timeout", "fast_fail", "invalid"),
+    "delete": ("ok", "miss", "error", "timeout", "fast_fail", "invalid"),
+}
+# Outcome of each block of a get or put request.
+BLOCK_OUTCOMES = {
+    "get": ("hit", "miss", "error", "timeout", "fast_fail"),
+    "put": ("ok", "error", "fast_fail"),
+}
+# Request latency: from 0.25 ms (a hit on the embedded engine) to the
+# longest deadline a config allows in practice.
+LATENCY_BUCKETS = (
+    0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
+# What a request gets while the circuit is open (no SDK call is made): a
+# miss, or a skipped put or delete. Distinct objects, so the metrics can tell
+# a fast failure from a miss EIC reported.
+FAST_MISS = Status(StatusCodes.NOT_FOUND, "EIC circuit is open (EIC unavailable)")
+PUT_SKIPPED = Status(StatusCodes.ERROR, "put skipped: EIC circuit is open (EIC unavailable)")
+DELETE_SKIPPED = Status(StatusCodes.ERROR, "delete skipped: EIC circuit is open (EIC unavailable)")
+_FAST_FAILS = (FAST_MISS, PUT_SKIPPED, DELETE_SKIPPED)
+_CODE_OUTCOMES = {StatusCodes.NOT_FOUND: "miss", StatusCodes.TIMEOUT: "timeout", StatusCodes.INVALID: "invalid"}
+
+
+def _status_outcome(op: str, status: Status) -> str:
+    if any(status is fast for fast in _FAST_FAILS):
+        return "fast_fail"
+    code = status.error_code
+    if code is StatusCodes.OK:
+        return "hit" if op in ("get", "exists") else "ok"
+    outcome = _CODE_OUTCOMES.get(code, "error")
+    return "error" if outcome == "miss" and op == "put" else outcome
+
+
+def request_outcome(op: str, result: Any) -> str:
+    """The outcome label of one request from what the connector returned:
+    a Status, or a list of them (prefix-closed for get)."""
+    if isinstance(result, Status):
+        return _status_outcome(op, result)
+    if not result:
+        return "hit" if op == "get" else "ok"
+    first = result[0]
+    if op == "get" and first.is_ok():
+        return "hit" if result[-1].is_ok() else "partial"
+    return _status_outcome(op, first)
+
+
+_PARTITION = re.compile(r"(?:^|_)(h\d+_\d+_l\d+_\d+)(?:_|$)")
+
+
+def partition_of(conn_id: str) -> str:
+    """The TP rank's part of AIBrix's conn_id (`{namespace}_h{first}_{last}
+    _l{first}_{last}_{signatures}`, aibrix_kvcache/l2/l2_cache.py): its kv
+    head and layer range. Other conn_ids are used whole."""
+    match = _PARTITION.search(conn_id)
+    return match.group(1) if match else conn_id
+
+
+class _Families:
+    """The metric families, created once per process (prometheus_client
+    refuses a second registration of a name)."""
+
+    def __init__(self) -> None:
+        self.requests = Counter(
+            "aibrix_eic_requests", "Requests AIBrix made of the connector, by operation and outcome.",
+            (*LABELS, "op", "outcome"),
+        )  # fmt: skip
+        self.blocks = Counter(
+            "aibrix_eic_blocks", "Blocks of get and put requests, by outcome (get: what AIBrix was told).",
+            (*LABELS, "op", "outcome"),
+        )  # fmt: skip
+        self.bytes = Counter(
+            "aibrix_eic_bytes", "Bytes of blocks read from EIC (in) and accepted for writing to it (out).",
+            (*LABELS, "direction"),
+        )  # fmt: skip
+        self.request_seconds = Histogram(
+            "aibrix_eic_request_seconds", "Latency of one request as AIBrix sees it, by operation.",
+            (*LABELS, "op"), buckets=LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.retries = Counter("aibrix_eic_retries", "Keys re-sent after failing in transit.", LABELS)
+        self.timeouts = Counter(
+            "aibrix_eic_deadline_timeouts", "Requests (or exists rounds) whose deadline passed.", LABELS
+        )
+        self.breaker_open = Gauge(
+            "aibrix_eic_breaker_open", "1 while the circuit breaker is open (requests fail fast), else 0.",
+            LABELS, multiprocess_mode="mostrecent",
+        )  # fmt: skip
+        self.breaker_trips = Counter("aibrix_eic_breaker_trips", "Times the circuit breaker opened.", LABELS)
+        self.sdk_calls_in_flight = Gauge(
+            "aibrix_eic_sdk_calls_in_flight", "SDK calls running now.", LABELS, multiprocess_mode="livesum"
+        )
+        self.sdk_calls = Counter("aibrix_eic_sdk_calls", "SDK calls made, by operation.", (*LABELS, "op"))
+        self.registered_bytes = Gauge(
+            "aibrix_eic_registered_bytes", "Bytes of memory registered with EIC for zero-copy transfers.",
+            LABELS, multiprocess_mode="mostrecent",
+        )  # fmt: skip
+
+
+_families: _Families | None = None
+_families_lock = threading.Lock()
+
+
+def families() -> _Families:
+    global _families
+    if _families is None:
+        with _families_lock:
+            if _families is None:
+                _families = _Families()
+    return _families
+
+
+class ConnectorMetrics:
+    """One connector's series, bound to its labels."""
+
+    enabled = True
+
+    def __init__(self, namespace: str, model: str, partition: str) -> None:
+        f = families()
+        labels = (namespace, model, partition)
+        self.labels = dict(zip(LABELS, labels))
+        self._requests = {
+            (op, outcome): f.requests.labels(*labels, op, outcome)
+            for op, outcomes in REQUEST_OUTCOMES.items()
+            for outcome in outcomes
+        }
+        self._blocks = {
+            (op, outcome): f.blocks.labels(*labels, op, outcome)
+            for op, outcomes in BLOCK_OUTCOMES.items()
+            for outcome in outcomes
+        }
+        self._seconds = {op: f.request_seconds.labels(*labels, op) for op in OPS}
+        self._bytes_in = f.bytes.labels(*labels, "in")
+        self._bytes_out = f.bytes.labels(*labels, "out")
+        self._retries = f.retries.labels(*labels)
+        self._timeouts = f.timeouts.labels(*labels)
+        self._breaker_open = f.breaker_open.labels(*labels)
+        self._breaker_trips = f.breaker_trips.labels(*labels)
+        self._in_flight = f.sdk_calls_in_flight.labels(*labels)
+        self._sdk_calls = {op: f.sdk_calls.labels(*labels, op) for op in OPS}
+        self._registered = f.registered_bytes.labels(*labels)
+        self._breaker_open.set(0)
+        self._registered.set(0)
+
+    # ------------------------------------------------ from Counters.add
+    def counted(self, amounts: Mapping[str, int]) -> None:
+        """The health() counters just added, as series."""
+        get_blocks = amounts.get("get_blocks")
+        if get_blocks is not None:
+            hits = amounts.get("get_hits", 0)
+            errors = amounts.get("get_errors", 0)
+            timeouts = amounts.get("get_timeouts", 0)
+            self._inc_block("get", "hit", hits)
+            self._inc_block("get", "error", errors)
+            self._inc_block("get", "timeout", timeouts)
+            # Not loaded for another reason: EIC had no such key, or the block
+            # came after one that was not loaded (a get is a prefix).
+            self._inc_block("get", "miss", get_blocks - hits - errors - timeouts)
+        put_blocks = amounts.get("put_blocks")
+        if put_blocks is not None:
+            failures = amounts.get("put_failures", 0)
+            self._inc_block("put", "ok", put_blocks - failures)
+            self._inc_block("put", "error", failures)
+        for name, child in (("retries", self._retries), ("timeouts", self._timeouts)):
+            amount = amounts.get(name)
+            if amount:
+                child.inc(amount)
+
+    def _inc_block(self, op: str, outcome: str, amount: int) -> None:
+        if amount > 0:
+            self._blocks[op, outcome].inc(amount)
+
+    # ----------------------------------------------------- per request
+    def record_request(self, op: str, result: Any, args: tuple, seconds: float) -> None:
+        """One request of AIBrix's, as the connector answered it. args are
+        the request's (keys, mrs) for get and put."""
+        outcome = request_outcome(op, result)
+        self._requests[op, outcome].inc()
+        self._seconds[op].observe(seconds)
+        if op == "get" and not isinstance(result, Status) and result:
+            if outcome == "fast_fail":
+                self._blocks["get", "fast_fail"].inc(len(result))
+            elif outcome != "miss" and len(args) > 1:
+                loaded = len(result) if outcome == "hit" else sum(1 for status in result if status.is_ok())
+                self._bytes_in.inc(loaded * args[1][0].length)  # one request's blocks share one size
+        elif op == "put" and len(args) > 1 and args[0]:
+            if outcome == "fast_fail":
+                self._blocks["put", "fast_fail"].inc(len(args[0]))
+            elif outcome == "ok":
+                self._bytes_out.inc(len(args[0]) * args[1][0].length)
+
+    # ------------------------------------------------------ SDK calls
+    def call_started(self, op: str) -> None:
+        self._in_flight.inc()
+        self._sdk_calls[op].inc()
+
+    def call_finished(self) -> None:
+        self._in_flight.dec()
+
+    # ------------------------------------------------- state changes
+    def breaker_changed(self, is_open: bool) -> None:
+        self._breaker_open.set(1 if is_open else 0)
+        if is_open:
+            self._breaker_trips.inc()
+
+    def registered(self, nbytes: int) -> None:
+        self._registered.set(nbytes)
+
+    def closed(self) -> None:
+        """The connector closed: nothing registered, no breaker to alert on."""
+        self._registered.set(0)
+        self._breaker_open.set(0)
+
+
+class NoMetrics:
+    """`metrics: false`: the same calls, doing nothing."""
+
+    enabled = False
+    labels: dict[str, str] = {}
+
+    def counted(self, amounts: Mapping[str, int]) -> None:
+        pass
+
+    def record_request(self, op: str, result: Any, args: tuple, seconds: float) -> None:
+        pass
+
+    def call_started(self, op: str) -> None:
+        pass
+
+    def call_finished(self) -> None:
+        pass
+
+    def breaker_changed(self, is_open: bool) -> None:
+        pass
+
+    def registered(self, nbytes: int) -> None:
+        pass
+
+    def closed(self) -> None:
+        pass
+
+
+NO_METRICS = NoMetrics()
+
+
+def for_connector(config: Any, conn_id: str) -> "ConnectorMetrics | NoMetrics":
+    """The metrics of a connector with this config, or NO_METRICS when the
+    config turns them off; starts the fallback exporter if configured."""
+    if not getattr(config, "metrics", True):
+        return NO_METRICS
+    port = getattr(config, "metrics_port", None)
+    if port is not None:
+        start_exporter(port)
+    return ConnectorMetrics(config.eic_kv_ns, getattr(config, "model_id", None) or "", partition_of(conn_id))
+
+
+# How many ports above metrics_port a process tries: one per TP rank on a
+# node of 8 GPUs, and some slack for other processes using the range.
+EXPORTER_PORT_SPAN = 16
+_exporter_port: int | None = None
+_exporter_lock = threading.Lock()
+
+
+def start_exporter(first_port: int) -> int | None:
+    """Serve this process's metrics on the first free port from first_port
+    (once per process; TP workers on one node take consecutive ports).
+    Nothing is started in multiprocess mode, where vLLM's /metrics already
+    has them. Returns the port, or None."""
+    global _exporter_port
+    with _exporter_lock:
+        if _exporter_port is not None:
+            return _exporter_port
+        if os.environ.get(MULTIPROC_ENV):
+            logger.info("metrics_port ignored: %s is set, so vLLM's /metrics serves the EIC metrics", MULTIPROC_ENV)
+            return None
+        last_error: OSError | None = None
+        for port in range(first_port, first_port + EXPORTER_PORT_SPAN):
+            try:
+                prometheus_client.start_http_server(port)
+            except OSError as e:  # taken by another rank or process
+                last_error = e
+                continue
+            _exporter_port = port
+            logger.info("EIC connector metrics on :%d/metrics (pid %d)", port, os.getpid())
+            return port
+        logger.warning(
+            "EIC connector metrics: no free port in %d-%d (%s); metrics are not exported by this process",
+            first_port, first_port + EXPORTER_PORT_SPAN - 1, last_error,
+        )  # fmt: skip
+        return None
+
+
+def exporter_port() -> int | None:
+    """The port this process serves its metrics on, if it does."""
+    return _exporter_port

@@ -1,0 +1,334 @@
+"""Prometheus metrics, scraped the way an operator's Prometheus would: over
+HTTP from the per-process exporter (metrics_port), and through a
+MultiProcessCollector over PROMETHEUS_MULTIPROC_DIR, which is how vLLM's
+API server serves its workers' series. A workload through AIBrix's real
+BaseKVCacheManager: a hit, a miss, an outage and the recovery each move
+their series, and the series read the same numbers as health()."""
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+import uuid
+from collections import defaultdict
+
+import pytest
+import torch
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.parser import text_string_to_metric_families
+
+import aibrix_eic
+from aibrix_eic import metrics
+from aibrix_eic.config import EICConfig
+from aibrix_eic.engine import get_store
+from harness import BLOCK_NTOKENS, block_spec, make_manager, manager_env, pattern, tokens, use_config
+
+PROBE_INTERVAL_S = 0.2
+NBLOCKS = 8
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def parse(text: str) -> dict:
+    """{(sample name, frozenset of labels): value}"""
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[sample.name, frozenset(sample.labels.items())] = sample.value
+    return samples
+
+
+class Scrape:
+    def __init__(self, samples: dict, namespace: str) -> None:
+        self.samples = samples
+        self.namespace = namespace
+
+    def value(self, name: str, **labels: str) -> float:
+        """Sum of the samples of `name` in our namespace matching labels."""
+        wanted = {("namespace", self.namespace), *labels.items()}
+        return sum(v for (n, ls), v in self.samples.items() if n == name and wanted <= ls)
+
+    def by(self, name: str, label: str, **labels: str) -> dict[str, float]:
+        totals: dict[str, float] = defaultdict(float)
+        wanted = {("namespace", self.namespace), *labels.items()}
+        for (n, ls), v in self.samples.items():
+            if n == name and wanted <= ls:
+                totals[dict(ls)[label]] += v
+        return dict(totals)
+
+
+def offload(cache, query, seed):
+    handle = cache.allocate_for(None, query).get()
+    for i, tensor in enumerate(handle.to_tensors()):
+        tensor.view(torch.uint8).view(-1).copy_(pattern(seed, i, cache.block_spec.block_nbytes))
+    return cache.put(None, query, handle)
+
+
+def reload_tokens(cache, query) -> int:
+    status = cache.acquire(None, query)
+    if not status.is_ok():
+        return 0
+    ntokens, handle = status.get()
+    handle.release()
+    return ntokens
+
+
+def config_values(**values):
+    values.setdefault("remote_url", "local://metrics")
+    if "put_mode" in EICConfig.__dataclass_fields__:
+        values.setdefault("put_mode", "direct")  # puts counted when they are stored
+    return values
+
+
+@pytest.fixture
+def scraped_manager(monkeypatch, tmp_path):
+    monkeypatch.delenv(metrics.MULTIPROC_ENV, raising=False)
+    namespace = f"metrics-{uuid.uuid4().hex[:8]}"  # our series only
+    manager_env(monkeypatch)
+    use_config(
+        monkeypatch, tmp_path,
+        **config_values(
+            eic_kv_ns=namespace, metrics_port=free_port(), probe_interval_s=PROBE_INTERVAL_S,
+            get_timeout_ms=150, exists_timeout_ms=100, put_timeout_ms=200, breaker_failures=2, retry_attempts=1,
+        ),
+    )  # fmt: skip
+    cache = make_manager(block_spec())
+    port = metrics.exporter_port()
+    assert port is not None
+
+    def scrape() -> Scrape:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            return Scrape(parse(reply.read().decode()), namespace)
+
+    yield cache, scrape
+    get_store("metrics").faults.clear()
+    cache.close()
+
+
+def test_hit_miss_outage_and_recovery_move_their_series(scraped_manager):
+    cache, scrape = scraped_manager
+    block_nbytes = cache.block_spec.block_nbytes
+    query = tokens(NBLOCKS, seed=1)
+    before = scrape()
+    assert before.value("aibrix_eic_breaker_open") == 0
+    assert before.value("aibrix_eic_registered_bytes") > 0  # AIBrix registered its slabs
+    assert before.value("aibrix_eic_requests_total", op="get", outcome="hit") == 0
+
+    # A put, then a hit.
+    assert offload(cache, query, seed=1).is_ok()
+    assert reload_tokens(cache, query) == NBLOCKS * BLOCK_NTOKENS
+    after_hit = scrape()
+    assert after_hit.value("aibrix_eic_requests_total", op="put", outcome="ok") == 1
+    assert after_hit.value("aibrix_eic_blocks_total", op="put", outcome="ok") == NBLOCKS
+    assert after_hit.value("aibrix_eic_requests_total", op="get", outcome="hit") == 1
+    assert after_hit.value("aibrix_eic_blocks_total", op="get", outcome="hit") == NBLOCKS
+    assert after_hit.value("aibrix_eic_bytes_total", direction="out") == NBLOCKS * block_nbytes
+    assert after_hit.value("aibrix_eic_bytes_total", direction="in") == NBLOCKS * block_nbytes
+    assert after_hit.value("aibrix_eic_request_seconds_count", op="get") == 1
+    assert after_hit.value("aibrix_eic_sdk_calls_total", op="get") >= 1
+    assert after_hit.value("aibrix_eic_sdk_calls_in_flight") == 0
+
+    # A miss: a prompt never offloaded.
+    assert reload_tokens(cache, tokens(4, seed=2)) == 0
+    after_miss = scrape()
+    assert after_miss.value("aibrix_eic_requests_total", op="get", outcome="miss") == 1
+    assert after_miss.value("aibrix_eic_blocks_total", op="get", outcome="miss") == 4
+    assert after_miss.value("aibrix_eic_blocks_total", op="get", outcome="hit") == NBLOCKS  # unchanged
+
+    # An outage: EIC stops answering; the breaker opens, requests fail fast.
+    store = get_store("metrics")
+    store.faults.unreachable = True
+    deadline = time.monotonic() + 10
+    while not cache._l2_cache._backend.breaker.tripped:
+        assert time.monotonic() < deadline, "the breaker never opened"
+        reload_tokens(cache, query)
+    assert reload_tokens(cache, query) == 0  # a fast miss
+    during = scrape()
+    assert during.value("aibrix_eic_breaker_open") == 1
+    assert during.value("aibrix_eic_breaker_trips_total") == 1
+    assert during.value("aibrix_eic_requests_total", op="get", outcome="error") >= 1
+    assert during.value("aibrix_eic_blocks_total", op="get", outcome="error") >= NBLOCKS
+    assert during.value("aibrix_eic_requests_total", op="get", outcome="fast_fail") >= 1
+    assert during.value("aibrix_eic_blocks_total", op="get", outcome="fast_fail") >= NBLOCKS
+    assert during.value("aibrix_eic_requests_total", op="get", outcome="hit") == 1
+
+    # Recovery: the probe closes the breaker and hits resume.
+    store.faults.clear()
+    deadline = time.monotonic() + 10
+    while reload_tokens(cache, query) != NBLOCKS * BLOCK_NTOKENS:
+        assert time.monotonic() < deadline, "hits never resumed"
+        time.sleep(0.05)
+    after = scrape()
+    assert after.value("aibrix_eic_breaker_open") == 0
+    assert after.value("aibrix_eic_breaker_trips_total") == 1
+    assert after.value("aibrix_eic_requests_total", op="get", outcome="hit") == 2
+    assert after.value("aibrix_eic_bytes_total", direction="in") == 2 * NBLOCKS * block_nbytes
+
+    # The series and health() read the same numbers.
+    health = cache._l2_cache._backend.health()
+    requests = after.by("aibrix_eic_requests_total", "outcome", op="get")
+    blocks = after.by("aibrix_eic_blocks_total", "outcome", op="get")
+    assert sum(requests.values()) - requests.get("fast_fail", 0) - requests.get("invalid", 0) == health["gets"]
+    assert sum(blocks.values()) - blocks.get("fast_fail", 0) == health["get_blocks"]
+    assert blocks["hit"] == health["get_hits"]
+    assert blocks.get("error", 0) == health["get_errors"]
+    assert blocks.get("timeout", 0) == health["get_timeouts"]
+    put_blocks = after.by("aibrix_eic_blocks_total", "outcome", op="put")
+    assert put_blocks.get("ok", 0) + put_blocks.get("error", 0) == health["put_blocks"]
+    assert put_blocks.get("error", 0) == health["put_failures"]
+    assert after.value("aibrix_eic_retries_total") == health["retries"]
+    assert after.value("aibrix_eic_deadline_timeouts_total") == health["timeouts"]
+    assert after.value("aibrix_eic_breaker_trips_total") == health["breaker_trips"]
+    # ... and so does the process-wide aibrix_eic.health().
+    assert any(h["conn_id"] == health["conn_id"] and h["gets"] == health["gets"] for h in aibrix_eic.health())
+
+
+def test_labels_name_namespace_model_and_partition_never_a_key(scraped_manager):
+    cache, scrape = scraped_manager
+    query = tokens(2, seed=3)
+    assert offload(cache, query, seed=3).is_ok()
+    samples = scrape().samples
+    ours = [labels for (name, labels) in samples if name.startswith("aibrix_eic_")]
+    assert ours
+    label_names = {name for labels in ours for name, _ in labels}
+    assert {"namespace", "model", "partition"} <= label_names
+    assert label_names <= {"namespace", "model", "partition", "op", "outcome", "direction", "le"}
+    partitions = {value for labels in ours for name, value in labels if name == "partition"}
+    conn_id = cache._l2_cache._backend.conn_id
+    assert metrics.partition_of(conn_id) in partitions and metrics.partition_of(conn_id) != conn_id
+
+
+def test_metrics_false_records_nothing(monkeypatch, tmp_path):
+    namespace = f"metrics-off-{uuid.uuid4().hex[:8]}"
+    manager_env(monkeypatch)
+    use_config(monkeypatch, tmp_path, **config_values(eic_kv_ns=namespace, metrics=False))
+    cache = make_manager(block_spec())
+    try:
+        assert offload(cache, tokens(2, seed=4), seed=4).is_ok()
+        assert reload_tokens(cache, tokens(2, seed=4)) == 2 * BLOCK_NTOKENS
+        text = generate_latest().decode()
+        assert namespace not in text
+        assert cache._l2_cache._backend.health()["get_hits"] == 2  # health() still counts
+    finally:
+        cache.close()
+
+
+@pytest.mark.parametrize(
+    "op,result,outcome",
+    [
+        ("get", "all-ok", "hit"),
+        ("get", "ok-then-miss", "partial"),
+        ("get", "miss", "miss"),
+        ("get", "fast", "fast_fail"),
+        ("get", "timeout", "timeout"),
+        ("get", "error", "error"),
+        ("get", "invalid", "invalid"),
+        ("put", "all-ok", "ok"),
+        ("put", "put-skipped", "fast_fail"),
+        ("put", "error", "error"),
+        ("exists", "ok", "hit"),
+        ("exists", "miss", "miss"),
+        ("exists", "fast", "fast_fail"),
+        ("delete", "ok", "ok"),
+        ("delete", "miss", "miss"),
+        ("delete", "delete-skipped", "fast_fail"),
+    ],
+)
+def test_request_outcomes(op, result, outcome):
+    from aibrix_kvcache.status import Status, StatusCodes
+
+    ok, miss = Status.ok(), Status(StatusCodes.NOT_FOUND)
+    results = {
+        "all-ok": [ok, ok],
+        "ok-then-miss": [ok, miss],
+        "miss": [miss, miss] if op == "get" else miss,
+        "fast": [metrics.FAST_MISS] * 2 if op == "get" else metrics.FAST_MISS,
+        "timeout": [Status(StatusCodes.TIMEOUT, "t")] * 2,
+        "error": Status(StatusCodes.ERROR, "e"),
+        "invalid": Status(StatusCodes.INVALID, "i"),
+        "put-skipped": metrics.PUT_SKIPPED,
+        "delete-skipped": metrics.DELETE_SKIPPED,
+        "ok": ok,
+    }
+    assert metrics.request_outcome(op, results[result]) == outcome
+
+
+@pytest.mark.parametrize(
+    "conn_id,partition",
+    [
+        ("aibrix_h0_7_l0_79_lcnd16roc", "h0_7_l0_79"),
+        ("my_ns_h8_15_l0_79", "h8_15_l0_79"),
+        ("check", "check"),
+    ],
+)
+def test_partition_is_the_tp_ranks_slice_of_the_conn_id(conn_id, partition):
+    assert metrics.partition_of(conn_id) == partition
+
+
+WORKER = textwrap.dedent(
+    """
+    import os, sys
+    sys.path.insert(0, {tests!r})
+    import aibrix_kvcache.cache_manager as cache_manager
+    cache_manager.TESTING_DISABLE_PIN_MEMORY = True
+    import aibrix_eic
+    aibrix_eic.install()
+    from harness import block_spec, make_manager, tokens
+    from test_metrics import offload, reload_tokens
+    cache = make_manager(block_spec(first_head={first_head}))
+    assert offload(cache, tokens(4, seed=5), seed=5).is_ok()
+    assert reload_tokens(cache, tokens(4, seed=5)) == 64
+    cache.close()
+    """
+)
+
+
+def test_worker_processes_reach_a_multiprocess_collector(tmp_path):
+    """What vLLM does: TP workers are separate processes with
+    PROMETHEUS_MULTIPROC_DIR in their environment; the API server's
+    /metrics is a MultiProcessCollector over that directory."""
+    multiproc_dir = tmp_path / "prometheus"
+    multiproc_dir.mkdir()
+    namespace = f"metrics-mp-{uuid.uuid4().hex[:8]}"
+    config = tmp_path / "eic.yaml"
+    import yaml
+
+    config.write_text(yaml.safe_dump(config_values(remote_url="local://mp", eic_kv_ns=namespace)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIBRIX_")}
+    env.update(
+        {
+            metrics.MULTIPROC_ENV: str(multiproc_dir),
+            "AIBRIX_KV_CACHE_OL_EIC_CONFIG": str(config),
+            "AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED": "0",
+            "AIBRIX_KV_CACHE_OL_L2_CACHE_BACKEND": "EIC",
+            "AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_MAX_INFLIGHT_TOKENS": "0",
+            "AIBRIX_KV_CACHE_OL_TOKEN_VALIDATION_ENABLED": "0",
+        }
+    )
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    workers = [  # two TP ranks: heads 0-1 and 2-3
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER.format(tests=tests_dir, first_head=first_head)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for first_head in (0, 2)
+    ]
+    for worker in workers:
+        _, err = worker.communicate(timeout=120)
+        assert worker.returncode == 0, err
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(multiproc_dir))
+    scrape = Scrape(parse(generate_latest(registry).decode()), namespace)
+    by_partition = scrape.by("aibrix_eic_blocks_total", "partition", op="get", outcome="hit")
+    assert by_partition == {"h0_1_l0_1": 4.0, "h2_3_l0_1": 4.0}
+    assert scrape.value("aibrix_eic_requests_total", op="put", outcome="ok") == 2
+    assert scrape.value("aibrix_eic_request_seconds_count", op="get") == 2
+    assert scrape.by("aibrix_eic_breaker_open", "partition") == {"h0_1_l0_1": 0.0, "h2_3_l0_1": 0.0}
