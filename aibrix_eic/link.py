@@ -21,7 +21,6 @@ from aibrix_kvcache.status import Status, StatusCodes
 from .config import ConfigError, EICConfig
 from .logs import RateLimitedLogger
 from .metrics import NO_METRICS, ConnectorMetrics, NoMetrics
-from .metrics import NO_METRICS, ConnectorMetrics, NoMetrics
 from .pool import PROBE_PRIORITY, PriorityThreadPool
 from .regions import RegisteredRegions
 from .resilience import BreakerState, CircuitBreaker, Prober, call_with_timeout
@@ -46,7 +45,6 @@ class Link:
         self._module = module
         self._key_prefix = key_prefix
         self._rate_log = rate_log
-        self.metrics: ConnectorMetrics | NoMetrics = NO_METRICS  # the connector's, set by it
         self.metrics: ConnectorMetrics | NoMetrics = NO_METRICS  # the connector's, set by it
         self.regions = RegisteredRegions()
         self._state_lock = threading.RLock()
@@ -156,7 +154,6 @@ class Link:
         self._prober = Prober(self.breaker, self._probe, self._config.probe_interval_s)
 
     def _on_breaker_change(self, state: BreakerState, reason: str) -> None:
-        self.metrics.breaker_changed(state is BreakerState.OPEN)
         self.metrics.breaker_changed(state is BreakerState.OPEN)
         if state is BreakerState.OPEN:
             logger.warning(
