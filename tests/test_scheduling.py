@@ -10,7 +10,7 @@ from connector_tools import ConnectorRig
 
 
 def test_pool_runs_lower_priority_values_first():
-    pool = PriorityThreadPool(1, "test")
+    pool = PriorityThreadPool(1, "sched_test")
     gate = threading.Event()
     order = []
     pool.submit(gate.wait)
@@ -24,7 +24,7 @@ def test_pool_runs_lower_priority_values_first():
 
 
 def test_pool_shutdown_cancels_queued_work_and_threads_are_daemons():
-    pool = PriorityThreadPool(1, "test")
+    pool = PriorityThreadPool(1, "sched_test")
     gate, started = threading.Event(), threading.Event()
 
     def hold():
@@ -38,7 +38,8 @@ def test_pool_shutdown_cancels_queued_work_and_threads_are_daemons():
     assert queued.cancelled()
     gate.set()
     assert running.result(timeout=5) is True
-    assert all(thread.daemon for thread in pool._threads)
+    ours = [thread for thread in threading.enumerate() if thread.name.startswith("sched_test_")]
+    assert ours and all(thread.daemon for thread in ours)
 
 
 def test_get_overtakes_queued_puts(monkeypatch):
