@@ -233,8 +233,9 @@ class Server:
             time.sleep(0.2)
 
     def reuse(self, completion: Completion, timeout_s: float = 10.0) -> int:
-        """Tokens AIBrix reports reused for this request (0 if none)."""
-        return self._aibrix_count(completion, "reused", timeout_s)
+        """Tokens AIBrix reports reused for this request (0 if none); with
+        tensor parallelism each rank reports, and this is the largest."""
+        return max(self.counts(completion, "reused", timeout_s), default=0)
 
     def reuse_after(self, completion: Completion) -> tuple[int, int]:
         """(tokens vLLM had computed before the reload, tokens reused) of the
@@ -245,19 +246,22 @@ class Server:
         return (int(match[1]), int(match[2])) if match else (0, 0)
 
     def sent(self, completion: Completion, timeout_s: float = 10.0) -> int:
-        """Tokens AIBrix reports sent to the cache for this request."""
-        return self._aibrix_count(completion, "sent", timeout_s)
+        """Tokens AIBrix reports sent to the cache for this request (largest
+        over ranks, 0 if none within timeout_s)."""
+        return max(self.counts(completion, "sent", timeout_s), default=0)
 
-    def _aibrix_count(self, completion: Completion, verb: str, timeout_s: float) -> int:
+    def counts(self, completion: Completion, verb: str, timeout_s: float = 10.0) -> list[int]:
+        """AIBrix's `<verb> N tokens` counts for this request, one per line
+        (a line per rank and per step that sent or reused)."""
         # vLLM's engine request id is the response id plus suffixes.
         regex = re.compile(rf"Request\[id={re.escape(completion.id)}[^\]]*\] {verb} (\d+) tokens")
         deadline = time.monotonic() + timeout_s
         while True:
             found = regex.findall(self.log())
             if found or time.monotonic() > deadline:
-                return sum(int(n) for n in found)
+                return [int(n) for n in found]
             if verb == "reused":  # logged before the response; absent means 0
-                return 0
+                return []
             time.sleep(0.2)
 
     # ------------------------------------------------------------ the probe
