@@ -65,6 +65,7 @@ def _never_raises(op: str):
         @functools.wraps(method)
         async def wrapper(self: "EICConnector", *args, **kwargs):
             started = time.perf_counter()
+            counted_by_batcher = metric_op == "exists"  # in bulk, per mexist round
             try:
                 result = await method(self, *args, **kwargs)
             except asyncio.CancelledError:
@@ -72,10 +73,14 @@ def _never_raises(op: str):
             except InvalidRequest as e:
                 self._counters.add(invalid=1)
                 result = Status(StatusCodes.INVALID, f"{op}: {e}")
+                counted_by_batcher = False
             except BaseException as e:  # AssertionError too: nothing escapes
                 self._rate_log.log(f"{op}-internal", logging.ERROR, "EIC %s failed internally: %r", op, e)
                 result = Status(StatusCodes.ERROR, f"{op} failed internally: {e!r}")
-            if metric_op is not None:
+                counted_by_batcher = False
+            if counted_by_batcher and (result is FAST_MISS or result.error_code is StatusCodes.INVALID):
+                counted_by_batcher = False  # answered before the batcher: fast failure, refusal
+            if metric_op is not None and not counted_by_batcher:
                 try:
                     self._metrics.record_request(metric_op, result, args, time.perf_counter() - started)
                 except Exception as e:  # metrics never cost a request its answer

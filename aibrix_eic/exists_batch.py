@@ -10,6 +10,7 @@ L2Cache.exists close to one SDK round trip.
 import asyncio
 import functools
 import logging
+import time
 from concurrent.futures import Future
 
 from aibrix_kvcache.status import Status, StatusCodes
@@ -72,8 +73,10 @@ class ExistsBatcher:
             futures: list[Future] = []
             timer = loop.call_later(timeout_ms / 1000, self._timed_out, waiters, futures, timeout_ms)
             unanswered = [len(spans)]
+            metrics, sent = self._counters.metrics, time.perf_counter()
 
             def deliver(start: int, end: int, future: Future) -> None:  # on the loop
+                metrics.exists_round(waiters, start, end, future, time.perf_counter() - sent)
                 answer_exists(waiters, start, end, future)
                 unanswered[0] -= 1
                 if unanswered[0] == 0:
@@ -91,6 +94,7 @@ class ExistsBatcher:
                 futures.append(future)
             self._counters.add(exists=len(eic_keys), exists_calls=len(spans))
         except BaseException as e:
+            self._counters.metrics.count_requests("exists", "error", sum(1 for w in waiters if not w.done()))
             answer(waiters, 0, len(waiters), Status(StatusCodes.ERROR, f"exists failed internally: {e!r}"))
 
     def _mexist(self, session: Session, eic_keys: list[str]) -> CallResult:
@@ -109,6 +113,7 @@ class ExistsBatcher:
         for future in futures:
             future.cancel()
         self._counters.add(timeouts=1)
+        self._counters.metrics.count_requests("exists", "timeout", sum(1 for w in waiters if not w.done()))
         self._link.breaker.record_failure(f"exists exceeded exists_timeout_ms={timeout_ms:g}")
         self._rate_log.log("exists-timeout", logging.WARNING, "EIC exists exceeded exists_timeout_ms=%g", timeout_ms)
         answer(waiters, 0, len(waiters), Status(StatusCodes.TIMEOUT, f"exists exceeded exists_timeout_ms={timeout_ms:g}"))

@@ -23,11 +23,14 @@ import logging
 import os
 import re
 import threading
-from typing import Any, Mapping
+from concurrent.futures import Future
+from typing import Any, Mapping, Sequence
 
 import prometheus_client
 from aibrix_kvcache.status import Status, StatusCodes
 from prometheus_client import Counter, Gauge, Histogram
+
+from .sdk import HIT, MISS
 
 logger = logging.getLogger(__name__)
 
@@ -228,6 +231,29 @@ class ConnectorMetrics:
             elif outcome == "ok":
                 self._bytes_out.inc(len(args[0]) * args[1][0].length)
 
+    def count_requests(self, op: str, outcome: str, n: int) -> None:
+        if n > 0:
+            self._requests[op, outcome].inc(n)
+
+    def exists_round(self, waiters: Sequence[Any], start: int, end: int, future: Future, seconds: float) -> None:
+        """One mexist round of the exists batcher: its latency, and the
+        outcome of each exists() it answers (those the deadline has not
+        answered already), counted in bulk rather than per call."""
+        self._seconds["exists"].observe(seconds)
+        if future.cancelled() or future.exception() is not None:
+            self.count_requests("exists", "error", sum(1 for w in waiters[start:end] if not w.done()))
+            return
+        outcomes = future.result().outcomes
+        if not waiters[start].done() and not waiters[end - 1].done():  # the usual case: none answered yet
+            hits, misses = outcomes.count(HIT), outcomes.count(MISS)
+            self.count_requests("exists", "hit", hits)
+            self.count_requests("exists", "miss", misses)
+            self.count_requests("exists", "error", len(outcomes) - hits - misses)
+            return
+        for waiter, outcome in zip(waiters[start:end], outcomes):
+            if not waiter.done():
+                self._requests["exists", "hit" if outcome == HIT else "miss" if outcome == MISS else "error"].inc()
+
     # ------------------------------------------------------ SDK calls
     def call_started(self, op: str) -> None:
         self._in_flight.inc()
@@ -261,6 +287,12 @@ class NoMetrics:
         pass
 
     def record_request(self, op: str, result: Any, args: tuple, seconds: float) -> None:
+        pass
+
+    def count_requests(self, op: str, outcome: str, n: int) -> None:
+        pass
+
+    def exists_round(self, waiters: Sequence[Any], start: int, end: int, future: Future, seconds: float) -> None:
         pass
 
     def call_started(self, op: str) -> None:

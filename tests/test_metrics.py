@@ -136,12 +136,22 @@ def test_hit_miss_outage_and_recovery_move_their_series(scraped_manager):
     assert after_hit.value("aibrix_eic_sdk_calls_total", op="get") >= 1
     assert after_hit.value("aibrix_eic_sdk_calls_in_flight") == 0
 
+    # The scheduler's lookup: exists of every block, in mexist rounds.
+    assert cache.exists(None, query).get() == NBLOCKS * BLOCK_NTOKENS
+    after_exists = scrape()
+    assert after_exists.value("aibrix_eic_requests_total", op="exists", outcome="hit") == NBLOCKS
+    assert after_exists.value("aibrix_eic_request_seconds_count", op="exists") >= 1  # one per round
+    assert after_exists.value("aibrix_eic_sdk_calls_total", op="exists") >= 1
+
     # A miss: a prompt never offloaded.
     assert reload_tokens(cache, tokens(4, seed=2)) == 0
+    assert not cache.exists(None, tokens(4, seed=2)).is_ok()
     after_miss = scrape()
     assert after_miss.value("aibrix_eic_requests_total", op="get", outcome="miss") == 1
     assert after_miss.value("aibrix_eic_blocks_total", op="get", outcome="miss") == 4
     assert after_miss.value("aibrix_eic_blocks_total", op="get", outcome="hit") == NBLOCKS  # unchanged
+    assert after_miss.value("aibrix_eic_requests_total", op="exists", outcome="miss") >= 1
+    assert after_miss.value("aibrix_eic_requests_total", op="exists", outcome="hit") == NBLOCKS
 
     # An outage: EIC stops answering; the breaker opens, requests fail fast.
     store = get_store("metrics")
@@ -187,6 +197,8 @@ def test_hit_miss_outage_and_recovery_move_their_series(scraped_manager):
     assert after.value("aibrix_eic_retries_total") == health["retries"]
     assert after.value("aibrix_eic_deadline_timeouts_total") == health["timeouts"]
     assert after.value("aibrix_eic_breaker_trips_total") == health["breaker_trips"]
+    exists = after.by("aibrix_eic_requests_total", "outcome", op="exists")
+    assert sum(exists.values()) - exists.get("fast_fail", 0) - exists.get("invalid", 0) == health["exists"]
     # ... and so does the process-wide aibrix_eic.health().
     assert any(h["conn_id"] == health["conn_id"] and h["gets"] == health["gets"] for h in aibrix_eic.health())
 
