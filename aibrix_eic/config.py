@@ -82,6 +82,10 @@ class EICConfig:
     metrics: bool = True  # Prometheus series, see metrics.py
     metrics_port: int | None = None  # per-process exporter when vLLM's /metrics cannot show them
     model_id: str | None = None  # goes into every key; see identity.py
+    put_mode: str = "direct"  # "write_behind", "coalesce": see write_behind.py, docs/write-behind.md
+    write_behind_max_bytes: int = 512 * 1024 * 1024
+    write_behind_max_age_ms: float = 2000.0
+    write_behind_close_timeout_ms: float = 2000.0
 
     # ----------------------------------------------------------- derived
     @property
@@ -245,8 +249,11 @@ BOUNDS: dict[str, tuple[int | float, int | float]] = {
     "max_value_bytes": (1, 4 * GiB),
     "block_nbytes": (1, 4 * GiB),
     "metrics_port": (1, 65535),
+    "write_behind_max_bytes": (1, 1024 * GiB),
+    "write_behind_max_age_ms": (0.001, 3_600_000),
+    "write_behind_close_timeout_ms": (0.001, 3_600_000),
 }
-_SIZE_KEYS = frozenset({"batch_bytes", "max_value_bytes", "block_nbytes"})
+_SIZE_KEYS = frozenset({"batch_bytes", "max_value_bytes", "block_nbytes", "write_behind_max_bytes"})
 
 
 def bound_text(key: str) -> str:
@@ -332,6 +339,15 @@ def _model_id(source: str, key: str, raw: Any) -> str | None:
     return text
 
 
+PUT_MODES = ("write_behind", "coalesce", "direct")
+
+
+def _put_mode(source: str, key: str, raw: Any) -> str:
+    if raw not in PUT_MODES:
+        raise ConfigError(source, key, f"expected one of {', '.join(PUT_MODES)}, got {_type_name(raw)} {raw!r}")
+    return raw
+
+
 def _bool(source: str, key: str, raw: Any) -> bool:
     if not isinstance(raw, bool):
         raise ConfigError(source, key, f"expected true or false, got {_type_name(raw)} {raw!r}")
@@ -390,4 +406,8 @@ _KEY_CHECKS = {
     "metrics": _bool,
     "metrics_port": _optional_int,
     "model_id": _model_id,
+    "put_mode": _put_mode,
+    "write_behind_max_bytes": _size,
+    "write_behind_max_age_ms": _positive_number,
+    "write_behind_close_timeout_ms": _positive_number,
 }

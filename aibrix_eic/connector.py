@@ -46,6 +46,7 @@ from .outcomes import NOT_FOUND, OK, close_after, key_statuses, put_outcome
 from .request_guard import hold, release
 from .resilience import CircuitBreaker
 from .sdk import load_sdk_module
+from .write_behind import WriteBehind
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +126,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         )  # fmt: skip
         self._dispatcher = Dispatcher(self._config, self._link, self._counters, self._rate_log)
         self._exists = ExistsBatcher(self._config, self._link, self._counters, self._rate_log)
+        self._write_behind = WriteBehind(self._config, self._link, self._dispatcher, self._counters, self._rate_log)
 
     # ------------------------------------------------------------ factory
     @classmethod
@@ -174,6 +176,11 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         return self._link
 
     @property
+    def write_behind(self) -> WriteBehind:
+        """The put queue (put_mode coalesce or write_behind): wait_idle()."""
+        return self._write_behind
+
+    @property
     def breaker(self) -> CircuitBreaker:
         return self._link.breaker
 
@@ -201,6 +208,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
             "breaker_reason": snapshot.reason,
             "consecutive_failures": snapshot.consecutive_failures,
             **self._counters.snapshot(),
+            **self._write_behind.snapshot(),
         }
 
     # ----------------------------------------------------------- lifecycle
@@ -215,6 +223,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
                 return OK
             status = self._link.open()
             if status.is_ok():
+                self._write_behind.start()
                 logger.info(
                     "EIC connector open: remote_url=%s ns=%r conn_id=%s io_threads=%d connected=%s",
                     self._config.remote_url,
@@ -244,6 +253,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
     def close(self) -> Status:
         """Drop the client and the registrations. Idempotent."""
         try:
+            self._write_behind.close(self._config.write_behind_close_timeout_ms / 1000)  # needs the link's pools
             self._link.close()
             self._blocks.forget()
             self._metrics.closed()
@@ -350,6 +360,14 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         if refusal is not None:
             return refusal
         check_lengths(keys, mrs)
+        if self._write_behind.active:  # accepted writes not yet in EIC are read from their regions
+            self._blocks.buffers(mrs, False)  # INVALID names the caller's index, not a sub-request's
+            return await self._write_behind.mget(
+                self._encode_keys(keys), keys, mrs, self._mget_from_eic, self._restore_tokens
+            )
+        return await self._mget_from_eic(keys, mrs)
+
+    async def _mget_from_eic(self, keys: Sequence[bytes], mrs: Sequence[MemoryRegion]) -> Sequence[Status] | Status:
         session = self._live_session()
         if session is None:
             return [FAST_MISS] * len(keys)
@@ -404,6 +422,10 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         if refusal is not None:
             return refusal
         eic_key = self._encode_keys([key])[0]
+        if self._write_behind.active:
+            known = self._write_behind.exists(eic_key)
+            if known is not None:
+                return known
         if self._live_session() is None:
             return FAST_MISS
         return await self._exists.exists(eic_key)
@@ -417,7 +439,10 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         check_lengths(keys, mrs)
         session = self._live_session()
         if session is None:
-            return _PUT_SKIPPED
+            return _PUT_SKIPPED  # nothing is queued while the circuit is open
+        if self._write_behind.enabled:
+            buffers = self._blocks.buffers(mrs, True)  # the flusher applies the session's registration
+            return await self._write_behind.mput(self._encode_keys(keys), buffers, mrs)
         chunks = self._held_chunks(session, keys, mrs, "mput")
         if isinstance(chunks, Status):
             return chunks
@@ -443,6 +468,9 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         session = self._live_session()
         if session is None:
             return _DELETE_SKIPPED
+        if self._write_behind.enabled:  # ordered after a write of the key in flight
+            self._counters.add(deletes=1)
+            return await self._write_behind.delete(eic_keys[0], session)
         chunks = self._dispatcher.chunks(eic_keys, None, None)
         timeout_ms = await self._dispatcher.run(DELETE, session.client, chunks)
         self._counters.add(deletes=1)

@@ -146,6 +146,11 @@ class Dispatcher:
             )
         return timeout_ms
 
+    def run_here(self, op: Operation, client: SdkClient, chunk: Chunk, deadline: Deadline) -> None:
+        """Run one chunk, with its retries, on the calling thread (a pool
+        thread already: the write-behind flusher's tasks)."""
+        self._run_chunk(op, client, chunk, deadline)
+
     def _run_chunk(self, op: Operation, client: SdkClient, chunk: Chunk, deadline: Deadline) -> None:
         try:
             self._call_with_retry(op, client, chunk, deadline)

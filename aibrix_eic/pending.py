@@ -1,0 +1,234 @@
+"""The write-behind table: writes the connector accepted that EIC has not
+confirmed yet, and the keys whose last write may have been lost.
+
+Bookkeeping under one lock (`cond`, which the flusher also waits on); no
+SDK calls. A region reference taken by the caller (request_guard.hold) is
+dropped here when its entry leaves the table; callers answer the waiters
+(`Finished.acks`) after letting go of the lock.
+
+Per key there is at most one queued write (the newest accepted version) and
+at most one operation in flight (a write, or a delete). The flusher never
+sends a key that has an operation in flight, so writes and deletes of one
+key reach EIC in the order they were accepted.
+
+`lost` maps a key to the sequence number of the write or delete that left
+its EIC value unknown (a flush that failed, a delete that did not finish).
+Reads answer NOT_FOUND for it until a later write stores it or a delete
+clears it: an older value of the key must never be served in place of an
+accepted write that failed.
+"""
+
+import asyncio
+import threading
+from typing import Sequence
+
+from aibrix_kvcache.memory import MemoryRegion
+from aibrix_kvcache.status import Status, StatusCodes
+
+from .request_guard import release
+
+WRITE, DELETE = 0, 1
+LOST = object()  # what lookup() returns for a key that must read as a miss
+
+
+class Ack:
+    """Answers one asyncio waiter once `remaining` entries have finished:
+    the waiting put of a request, or a delete waiting on a write in flight."""
+
+    __slots__ = ("remaining", "failure", "future", "loop")
+
+    def __init__(self, count: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.remaining = count
+        self.failure: Status | None = None
+        self.loop = loop
+        self.future: asyncio.Future = loop.create_future()
+
+    def finished_one(self, failure: Status | None) -> bool:
+        """Count one entry down (under the table lock); True when all are."""
+        if failure is not None and self.failure is None:
+            self.failure = failure
+        self.remaining -= 1
+        return self.remaining == 0
+
+    def resolve(self) -> None:
+        """Set the waiter's result from any thread (outside the table lock)."""
+        result = self.failure or Status.ok()
+        try:
+            self.loop.call_soon_threadsafe(_set_result, self.future, result)
+        except RuntimeError:
+            pass  # the loop is closed: nobody waits any more
+
+
+def _set_result(future: asyncio.Future, result: Status) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+class Entry:
+    """One accepted write (holding one reference on `mr`), or a delete."""
+
+    __slots__ = ("key", "kind", "mr", "buffer", "seq", "accepted_at", "counted", "acks")
+
+    def __init__(self, key: str, kind: int, seq: int, mr=None, buffer=None, accepted_at=0.0, counted=False):
+        self.key = key
+        self.kind = kind
+        self.seq = seq
+        self.mr: MemoryRegion | None = mr
+        self.buffer: tuple[int, int, bool] | None = buffer  # (addr, nbytes, registered)
+        self.accepted_at = accepted_at
+        self.counted = counted  # its bytes count against write_behind_max_bytes
+        self.acks: list[Ack] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer[1] if self.buffer is not None else 0
+
+
+class Finished:
+    """Entries leaving the table: their references are dropped at once, under
+    the table lock, so an empty table means every reference is gone; their
+    waiters are answered by the caller after letting go of the lock."""
+
+    __slots__ = ("acks",)
+
+    def __init__(self) -> None:
+        self.acks: list[Ack] = []
+
+    def add(self, entry: Entry, failure: Status | None) -> None:
+        if entry.mr is not None:
+            release([entry.mr])
+            entry.mr = None
+        for ack in entry.acks or ():
+            if ack.finished_one(failure):
+                self.acks.append(ack)
+        entry.acks = None
+
+
+SUPERSEDED = None  # an overwritten or deleted write counts as done: a later one replaced it
+
+
+class PendingTable:
+    def __init__(self, max_bytes: int, max_age_s: float) -> None:
+        self.cond = threading.Condition(threading.Lock())
+        self.max_bytes = max_bytes
+        self.max_age_s = max_age_s
+        self.queued: dict[str, Entry] = {}  # oldest first
+        self.inflight: dict[str, Entry] = {}
+        self.lost: dict[str, int] = {}
+        self.counted_bytes = 0  # accepted without a waiting caller
+        self.held_bytes = 0  # every region reference the table holds
+        self._seq = 0
+
+    # ------------------------------------------------------------ queries
+    def idle(self) -> bool:
+        return not self.queued and not self.inflight and not self.lost
+
+    def fits(self, nbytes: int) -> bool:
+        return self.counted_bytes + nbytes <= self.max_bytes
+
+    def lookup(self, key: str):
+        """The newest write of key (an Entry), LOST, or None (ask EIC)."""
+        entry = self.queued.get(key) or self.inflight.get(key)
+        if entry is not None:
+            return entry if entry.kind == WRITE else LOST
+        return LOST if key in self.lost else None
+
+    # ------------------------------------------------------------ changes
+    def next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def add(self, keys: Sequence[str], buffers, mrs, now: float, counted: bool, ack: Ack | None, done: Finished) -> None:
+        """Queue one write per key (their references already taken)."""
+        for key, buffer, mr in zip(keys, buffers, mrs):
+            old = self.queued.pop(key, None)
+            if old is not None:
+                self._forget(old)
+                done.add(old, SUPERSEDED)
+            entry = Entry(key, WRITE, self.next_seq(), mr, buffer, now, counted)
+            if ack is not None:
+                entry.acks = [ack]
+            self.queued[key] = entry
+            self.held_bytes += entry.nbytes
+            if counted:
+                self.counted_bytes += entry.nbytes
+
+    def take_round(self, max_keys: int, with_deletes: bool = True) -> tuple[list[Entry], list[Entry]]:
+        """Move sendable writes in flight, and claim the lost keys nothing
+        else is about to change for a delete. (writes, deletes)."""
+        writes = [entry for key, entry in self.queued.items() if key not in self.inflight][:max_keys]
+        for entry in writes:
+            del self.queued[entry.key]
+            self.inflight[entry.key] = entry
+        deletes = []
+        for key, seq in self.lost.items() if with_deletes else ():
+            if len(deletes) >= max_keys:
+                break
+            if key not in self.inflight and key not in self.queued:
+                deletes.append(Entry(key, DELETE, seq))
+        for entry in deletes:
+            self.inflight[entry.key] = entry
+        return writes, deletes
+
+    def claim_delete(self, key: str) -> Entry:
+        """A user delete in flight for key (nothing else is)."""
+        entry = Entry(key, DELETE, self.next_seq())
+        self.inflight[key] = entry
+        return entry
+
+    def drop_queued(self, key: str, done: Finished) -> bool:
+        entry = self.queued.pop(key, None)
+        if entry is None:
+            return False
+        self._forget(entry)
+        done.add(entry, SUPERSEDED)
+        return True
+
+    def finish(self, entry: Entry, known_absent_or_stored: bool, failure: Status | None, done: Finished) -> None:
+        """An operation in flight has ended. `known_absent_or_stored`: EIC
+        now holds this write (or, for a delete, nothing), so an older loss
+        no longer matters; otherwise the key reads as a miss until cleared."""
+        if self.inflight.get(entry.key) is entry:
+            del self.inflight[entry.key]
+        self._forget(entry)
+        if known_absent_or_stored:
+            if self.lost.get(entry.key, -1) <= entry.seq:
+                self.lost.pop(entry.key, None)
+        else:
+            self.mark_lost(entry.key, entry.seq)
+        done.add(entry, failure)
+        self.cond.notify_all()
+
+    def mark_lost(self, key: str, seq: int) -> None:
+        if self.lost.get(key, -1) < seq:
+            self.lost[key] = seq
+
+    def drop_aged(self, now: float, done: Finished) -> int:
+        """Queued writes older than max_age_s become misses."""
+        aged = []
+        for entry in self.queued.values():  # oldest first
+            if now - entry.accepted_at <= self.max_age_s:
+                break
+            aged.append(entry)
+        return self._drop(aged, "pending write dropped: older than write_behind_max_age_ms", done)
+
+    def drop_all_queued(self, why: str, done: Finished) -> int:
+        return self._drop(list(self.queued.values()), why, done)
+
+    def _drop(self, entries: list[Entry], why: str, done: Finished) -> int:
+        if not entries:
+            return 0
+        failure = Status(StatusCodes.ERROR, why)
+        for entry in entries:
+            del self.queued[entry.key]
+            self._forget(entry)
+            self.mark_lost(entry.key, entry.seq)
+            done.add(entry, failure)
+        self.cond.notify_all()
+        return len(entries)
+
+    def _forget(self, entry: Entry) -> None:
+        if entry.mr is not None:  # not yet forgotten
+            self.held_bytes -= entry.nbytes
+            if entry.counted:
+                self.counted_bytes -= entry.nbytes

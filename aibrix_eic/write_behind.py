@@ -1,0 +1,226 @@
+"""Write-behind and put coalescing: puts join a queue that one flusher thread
+sends to EIC as batched msets (docs/write-behind.md says why and how).
+
+- `put_mode: write_behind`: a put takes its own reference on every region
+  (request_guard.hold), queues the blocks and returns OK at once; the
+  reference is dropped only once no SDK call can touch the region.
+- `put_mode: coalesce`, and any put that would take the pending bytes past
+  `write_behind_max_bytes`: the put queues the same way but waits until its
+  blocks are stored and returns the real outcome. Puts that arrive while a
+  flush is in flight share the next mset.
+
+Reads see accepted writes (served from the held region); a write whose
+flush failed reads as a miss until EIC is known not to hold an older value
+(pending.py). Deletes wait for a write of the key in flight, then run.
+"""
+
+import asyncio
+import ctypes
+import time
+from typing import Sequence
+
+from aibrix_kvcache.memory import MemoryRegion
+from aibrix_kvcache.status import Status, StatusCodes
+
+from .config import EICConfig
+from .counters import Counters
+from .dispatch import DELETE as DELETE_OP
+from .dispatch import Dispatcher
+from .flusher import Flusher, settle
+from .link import Link, Session
+from .logs import RateLimitedLogger
+from .outcomes import NOT_FOUND, OK, close_after, key_statuses
+from .pending import LOST, Ack, Finished, PendingTable
+from .request_guard import hold, release
+from .resilience import Deadline
+
+_CLOSED = Status(StatusCodes.ERROR, "put skipped: the EIC connector is closing")
+
+
+class WriteBehind:
+    def __init__(self, config: EICConfig, link: Link, dispatcher: Dispatcher, counters: Counters,
+                 rate_log: RateLimitedLogger) -> None:  # fmt: skip
+        self._config = config
+        self._link = link
+        self._dispatcher = dispatcher
+        self._counters = counters
+        self.enabled = config.put_mode != "direct"
+        self._accept_early = config.put_mode == "write_behind"
+        self.table = PendingTable(config.write_behind_max_bytes, config.write_behind_max_age_ms / 1000)
+        self._flusher = Flusher(self.table, config, link, dispatcher, counters, rate_log)
+
+    # ---------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        if self.enabled:
+            self._flusher.start()
+
+    def close(self, timeout_s: float) -> int:
+        """Flush within timeout_s, drop (as misses) what is left; see Flusher.close."""
+        return self._flusher.close(timeout_s) if self.enabled else 0
+
+    @property
+    def active(self) -> bool:
+        """Whether reads must consult the table (cheap; no lock)."""
+        table = self.table
+        return bool(table.queued or table.inflight or table.lost)
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no accepted write is queued or in flight (for tools,
+        tests and benchmarks); False on timeout."""
+        table = self.table
+        deadline = Deadline(timeout_s)
+        with table.cond:
+            while table.queued or table.inflight:
+                if deadline.expired():
+                    return False
+                table.cond.wait(min(0.05, deadline.remaining()))
+        return True
+
+    def snapshot(self) -> dict[str, int]:
+        table = self.table
+        with table.cond:
+            return {
+                "write_behind_pending": len(table.queued) + len(table.inflight),
+                "write_behind_pending_bytes": table.held_bytes,
+                "write_behind_lost_keys": len(table.lost),
+            }
+
+    # ------------------------------------------------------------ writing
+    async def mput(self, eic_keys: list[str], buffers: list, mrs: Sequence[MemoryRegion]) -> list[Status] | Status:
+        refused = hold(mrs, "mput")
+        if refused is not None:
+            return refused
+        nbytes = sum(buffer[1] for buffer in buffers)
+        table = self.table
+        done = Finished()
+        ack = None
+        with table.cond:
+            if not self._flusher.running:
+                release(mrs)
+                return _CLOSED
+            early = self._accept_early and table.fits(nbytes)
+            if not early:
+                ack = Ack(len(eic_keys), asyncio.get_running_loop())
+            table.add(eic_keys, buffers, mrs, time.monotonic(), early, ack, done)
+            table.cond.notify_all()
+        settle(done)
+        self._counters.add(puts=1, put_blocks=len(eic_keys), write_behind_blocks=len(eic_keys) if early else 0,
+                           write_behind_waits=0 if early or not self._accept_early else 1)  # fmt: skip
+        if ack is None:
+            return [OK] * len(eic_keys)
+        timeout_s = self._config.put_timeout_ms / 1000
+        try:
+            status = await asyncio.wait_for(ack.future, timeout_s)
+        except asyncio.TimeoutError:
+            return Status(StatusCodes.TIMEOUT, f"put exceeded put_timeout_ms={self._config.put_timeout_ms:g}")
+        if status.is_ok():
+            return [OK] * len(eic_keys)
+        return Status(status.error_code, f"{len(eic_keys)} blocks put, some not stored: {status.value}")
+
+    # ------------------------------------------------------------ reading
+    def read(self, eic_keys: Sequence[str], dests: Sequence[MemoryRegion]) -> list:
+        """Per key: True (copied from an accepted write), False (reads as
+        a miss) or None (ask EIC)."""
+        table = self.table
+        found: list = [None] * len(eic_keys)
+        sources: list[tuple[int, MemoryRegion]] = []
+        with table.cond:
+            for i, key in enumerate(eic_keys):
+                hit = table.lookup(key)
+                if hit is LOST:
+                    found[i] = False
+                elif hit is not None and hold([hit.mr], "get") is None:  # ours: it cannot be released
+                    sources.append((i, hit.mr))
+        for i, source in sources:
+            try:
+                found[i] = self._copy(source, dests[i])
+            finally:
+                release([source])
+        if sources:
+            self._counters.add(write_behind_served=sum(1 for i, _ in sources if found[i]))
+        return found
+
+    async def mget(self, eic_keys: list[str], keys: Sequence[bytes], mrs: Sequence[MemoryRegion], from_eic, restore):
+        """An mget over the table: accepted writes are copied from their
+        regions, lost keys are misses, the rest comes from EIC
+        (`from_eic(keys, mrs)`). The result is prefix-closed, and in the
+        token-validation layout `restore` checks the whole request's tokens."""
+        found = self.read(eic_keys, mrs)
+        nkeys = len(keys)
+        end = found.index(False) if False in found else nkeys
+        statuses: list[Status] = [NOT_FOUND] * nkeys
+        ask = [i for i in range(end) if found[i] is None]
+        if ask:
+            answer = await from_eic([keys[i] for i in ask], [mrs[i] for i in ask])
+            if isinstance(answer, Status):
+                answer = [answer] * len(ask)
+            for j, i in enumerate(ask):
+                statuses[i] = answer[j]
+        for i in range(end):
+            if found[i]:
+                statuses[i] = OK
+        loaded = next((i for i, status in enumerate(statuses) if not status.is_ok()), nkeys)
+        close_after(statuses, loaded)
+        if loaded and not MemoryRegion.use_compact_layout():
+            restore(keys, mrs, statuses, loaded)
+        return statuses
+
+    @staticmethod
+    def _copy(source: MemoryRegion, dest: MemoryRegion) -> bool:
+        if source.length != dest.length:
+            return False  # never a partial fill, like EIC's BUFFER_SIZE_MISMATCH
+        if hold([dest], "get") is not None:
+            return False  # the caller gave up on the request
+        try:
+            ctypes.memmove(dest.data_ptr(), source.data_ptr(), source.length)
+        finally:
+            release([dest])
+        return True
+
+    def exists(self, eic_key: str) -> Status | None:
+        with self.table.cond:
+            hit = self.table.lookup(eic_key)
+        if hit is None:
+            return None
+        return NOT_FOUND if hit is LOST else OK
+
+    # ----------------------------------------------------------- deleting
+    async def delete(self, eic_key: str, session: Session) -> Status:
+        """Drop a queued write of the key, wait for one in flight, then
+        mdel; the key reads as a miss if that does not finish."""
+        table = self.table
+        timeout_ms = self._config.delete_timeout_ms
+        deadline = Deadline(timeout_ms / 1000)
+        dropped = False
+        while True:
+            done = Finished()
+            with table.cond:
+                dropped = table.drop_queued(eic_key, done) or dropped
+                busy = table.inflight.get(eic_key)
+                if busy is None:
+                    claim = table.claim_delete(eic_key)
+                else:
+                    ack = Ack(1, asyncio.get_running_loop())
+                    busy.acks = (busy.acks or []) + [ack]
+            settle(done)
+            if busy is None:
+                break
+            try:
+                await asyncio.wait_for(ack.future, deadline.remaining())
+            except asyncio.TimeoutError:
+                with table.cond:
+                    table.mark_lost(eic_key, table.next_seq())
+                return Status(StatusCodes.TIMEOUT, f"delete exceeded delete_timeout_ms={timeout_ms:g}")
+        status = Status(StatusCodes.ERROR, "delete did not run")
+        try:
+            chunks = self._dispatcher.chunks([eic_key], None, None)
+            run_ms = await self._dispatcher.run(DELETE_OP, session.client, chunks)
+            status = key_statuses(chunks, "delete", run_ms)[0][0]
+        finally:
+            done = Finished()
+            with table.cond:
+                table.finish(claim, status.is_ok() or status.is_not_found(), None, done)
+            settle(done)
+        if dropped and status.is_not_found():
+            return OK  # it existed, as a pending write
+        return status

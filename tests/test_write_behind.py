@@ -1,0 +1,303 @@
+"""Write-behind and coalesced puts on a directly built connector: each
+guarantee of docs/write-behind.md against the embedded engine, with the
+engine slowed or faulted so that writes are really pending when it matters."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+from connector_tools import ConnectorRig
+
+from aibrix_eic.engine import get_store
+from aibrix_eic.engine import surface as engine_surface
+
+BLOCK = 4096
+
+
+def payload(version: int) -> bytes:
+    return version.to_bytes(4, "little") * (BLOCK // 4)
+
+
+@pytest.fixture
+def make_rig():
+    rigs = []
+
+    def make(store: str = "wb", **config) -> ConnectorRig:
+        config.setdefault("put_mode", "write_behind")
+        config.setdefault("remote_url", f"local://{store}")
+        rig = ConnectorRig(block_nbytes=BLOCK, **config).open()
+        rig.store = get_store(store)
+        rigs.append(rig)
+        return rig
+
+    yield make
+    for rig in rigs:
+        rig.close()
+
+
+def put(rig, key: bytes, version: int):
+    mrs = rig.filled([payload(version)])
+    status = rig.run(rig.conn.put(key, mrs[0]))
+    rig.release(mrs)  # what AIBrix does once put returned
+    return status, mrs[0]
+
+
+def get(rig, key: bytes):
+    mr = rig.blocks(1)[0]
+    status = rig.run(rig.conn.get(key, mr))
+    data = rig.read(mr)
+    rig.release([mr])
+    return status, data
+
+
+def idle(rig, timeout: float = 10.0) -> None:
+    assert rig.conn.write_behind.wait_idle(timeout)
+    rig.quiesce()
+
+
+def in_flight(rig, timeout: float = 5.0) -> None:
+    """Wait until the flusher has sent what is queued."""
+    table = rig.conn.write_behind.table
+    deadline = time.monotonic() + timeout
+    while (table.queued or not table.inflight) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert table.inflight and not table.queued
+
+
+def spy_calls(monkeypatch) -> list:
+    """Every SDK data call the engine receives: (op, keys)."""
+    calls = []
+    lock = threading.Lock()
+    for op in ("mset", "mget", "mdel"):
+        original = getattr(engine_surface.Client, op)
+
+        def spy(self, keys, *args, _op=op, _original=original):
+            with lock:
+                calls.append((_op, list(keys)))
+            return _original(self, keys, *args)
+
+        monkeypatch.setattr(engine_surface.Client, op, spy)
+    return calls
+
+
+def test_put_returns_before_the_write_and_the_block_reads_back_exact(make_rig):
+    rig = make_rig()
+    rig.store.faults.latency_s = 0.2
+    started = time.perf_counter()
+    status, mr = put(rig, b"k" * 16, 1)
+    assert status.is_ok() and time.perf_counter() - started < 0.1
+    assert mr.ref_count == 1, "write-behind holds its own reference after AIBrix released"
+    assert rig.conn.health()["write_behind_pending"] == 1
+    status, data = get(rig, b"k" * 16)  # read-your-writes before the flush
+    assert status.is_ok() and data == payload(1)
+    assert rig.run(rig.conn.exists(b"k" * 16)).is_ok()
+    idle(rig)
+    assert mr.ref_count == 0, "the reference is dropped once the write is stored"
+    rig.store.faults.clear()
+    assert get(rig, b"k" * 16) == (get(rig, b"k" * 16)[0], payload(1))
+    assert rig.conn.health()["gets"] >= 1
+
+
+def test_a_region_is_never_reused_while_its_write_is_pending(make_rig):
+    rig = make_rig()
+    rig.store.faults.latency_s = 0.1
+    _, pending = put(rig, b"p" * 16, 7)
+    others = rig.blocks(64)
+    assert all(not (o.addr <= pending.addr < o.addr + o.length) for o in others if o.slab is pending.slab)
+    rig.release(others)
+    idle(rig)
+    rig.store.faults.clear()
+    assert get(rig, b"p" * 16)[1] == payload(7)
+
+
+def test_concurrent_puts_share_batched_msets(make_rig, monkeypatch):
+    rig = make_rig(put_mode="coalesce")
+    rig.store.faults.latency_s = 0.002
+    calls = spy_calls(monkeypatch)
+    keys = [bytes([i]) * 16 for i in range(64)]
+    mrs = rig.filled([payload(i) for i in range(64)])
+
+    async def all_at_once():
+        return await asyncio.gather(*(rig.conn.put(k, m) for k, m in zip(keys, mrs)))
+
+    statuses = rig.run(all_at_once())
+    rig.release(mrs)
+    assert all(status.is_ok() for status in statuses)  # coalesce: OK means stored
+    msets = [c for c in calls if c[0] == "mset"]
+    assert len(msets) <= 3, [len(k) for _, k in msets]
+    for i in range(64):
+        assert get(rig, keys[i])[1] == payload(i)
+
+
+def test_delete_wins_over_a_queued_and_an_in_flight_write(make_rig):
+    rig = make_rig()
+    rig.store.faults.latency_s = 0.1
+    put(rig, b"a" * 16, 1)
+    in_flight(rig)
+    put(rig, b"b" * 16, 2)  # queued behind it
+    put(rig, b"a" * 16, 3)  # a newer write of a, queued behind the one in flight
+    assert rig.run(rig.conn.delete(b"b" * 16)).is_ok()  # it existed, as a pending write
+    assert rig.run(rig.conn.delete(b"a" * 16)).is_ok()  # waits for the write in flight, then mdel
+    for key in (b"a" * 16, b"b" * 16):
+        assert get(rig, key)[0].is_not_found()
+        assert rig.run(rig.conn.exists(key)).is_not_found()
+    idle(rig)
+    rig.store.faults.clear()
+    assert len(rig.store) == 0
+    assert get(rig, b"a" * 16)[0].is_not_found()
+
+
+def test_an_overwrite_is_never_reordered_behind_an_older_write(make_rig, monkeypatch):
+    rig = make_rig()
+    calls = spy_calls(monkeypatch)
+    rig.store.faults.latency_s = 0.02
+    key = b"o" * 16
+    for version in range(1, 9):
+        put(rig, key, version)
+        time.sleep(0.004 * (version % 3))
+        assert get(rig, key)[1] == payload(version)
+    idle(rig)
+    rig.store.faults.clear()
+    assert get(rig, key)[1] == payload(8)
+    assert all(len(keys) == 1 for op, keys in calls if op == "mset"), "one version of a key per mset"
+
+
+def test_close_flushes_pending_writes_and_releases_every_reference(make_rig):
+    rig = make_rig(store="close")
+    rig.store.faults.latency_s = 0.02
+    regions = [put(rig, bytes([i]) * 16, i)[1] for i in range(1, 20)]
+    started = time.perf_counter()
+    rig.conn.close()
+    assert time.perf_counter() - started < 2.0
+    assert all(mr.ref_count == 0 for mr in regions)
+    assert len(rig.store) == 19
+    rig.open()
+    rig.store.faults.clear()
+    assert all(get(rig, bytes([i]) * 16)[1] == payload(i) for i in range(1, 20))
+
+
+def test_close_within_its_bound_drops_what_a_hung_engine_holds_up(make_rig):
+    rig = make_rig(store="hung", write_behind_close_timeout_ms=200, put_timeout_ms=5000)
+    rig.store.faults.latency_s = 1.0
+    regions = [put(rig, b"\x01" * 16, 1)[1]]
+    in_flight(rig)
+    regions += [put(rig, bytes([i]) * 16, i)[1] for i in range(2, 6)]  # queued behind it
+    started = time.perf_counter()
+    rig.conn.close()
+    assert time.perf_counter() - started < 0.6, "close() is bounded by write_behind_close_timeout_ms"
+    table = rig.conn.write_behind.table
+    assert not table.queued and len(table.inflight) == 1
+    assert rig.conn.health()["write_behind_lost"] == 4, "what was queued is dropped at close"
+    held = [mr for mr in regions if mr.ref_count]
+    assert held == regions[:1], "only the region of a call still running stays held"
+    deadline = time.monotonic() + 5
+    while any(mr.ref_count for mr in held) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert all(mr.ref_count == 0 for mr in regions), "...and are released when that call returns"
+
+
+def test_past_the_byte_bound_a_put_waits_until_stored(make_rig):
+    rig = make_rig(write_behind_max_bytes=2 * BLOCK)
+    rig.store.faults.latency_s = 0.05
+    table = rig.conn.write_behind.table
+    peak = [0]
+    original_add = table.add
+
+    def add(*args, **kwargs):
+        original_add(*args, **kwargs)
+        peak[0] = max(peak[0], table.counted_bytes)
+
+    table.add = add
+    started = time.perf_counter()
+    for i in range(2):
+        put(rig, bytes([i]) * 16, i)
+    assert time.perf_counter() - started < 0.04, "within the bound puts return at once"
+    mrs = rig.filled([payload(10), payload(11)])
+    started = time.perf_counter()
+    status = rig.run(rig.conn.mput([b"x" * 16, b"y" * 16], mrs))
+    rig.release(mrs)
+    assert all(s.is_ok() for s in status)
+    assert time.perf_counter() - started >= 0.05, "past the bound the put waited for its mset"
+    assert peak[0] <= 2 * BLOCK
+    health = rig.conn.health()
+    assert health["write_behind_waits"] == 1 and health["write_behind_blocks"] == 2
+    idle(rig)
+    rig.store.faults.clear()
+    assert get(rig, b"x" * 16)[1] == payload(10) and get(rig, b"y" * 16)[1] == payload(11)
+
+
+def test_nothing_is_queued_while_the_breaker_is_open(make_rig):
+    rig = make_rig(probe_interval_s=3600)
+    rig.conn.breaker.trip("test")
+    status, mr = put(rig, b"z" * 16, 1)
+    assert not status.is_ok() and "circuit is open" in str(status.value)
+    assert mr.ref_count == 0 and rig.conn.health()["write_behind_pending"] == 0
+
+
+def test_writes_queued_when_the_breaker_opens_become_misses(make_rig):
+    rig = make_rig(probe_interval_s=3600)
+    rig.store.faults.latency_s = 0.1
+    regions = [put(rig, b"\x01" * 16, 1)[1]]
+    in_flight(rig)
+    regions += [put(rig, bytes([i]) * 16, i)[1] for i in range(2, 6)]
+    rig.conn.breaker.trip("test")
+    idle(rig)
+    assert all(mr.ref_count == 0 for mr in regions)
+    assert rig.conn.health()["write_behind_lost"] == 4
+    rig.conn.breaker.reset()
+    for i in range(2, 6):
+        assert get(rig, bytes([i]) * 16)[0].is_not_found()
+
+
+def test_a_failed_flush_is_a_miss_never_the_older_value(make_rig):
+    rig = make_rig(retry_attempts=1, retry_backoff_ms=1, retry_backoff_max_ms=1, breaker_failures=1000)
+    key = b"f" * 16
+    put(rig, key, 1)
+    idle(rig)
+    assert get(rig, key)[1] == payload(1)
+    rig.store.faults.fail_rate = 1.0  # the mset and the clearing mdel both fail
+    status, mr = put(rig, key, 2)
+    assert status.is_ok()  # accepted: its loss shows as a miss
+    idle(rig)
+    assert mr.ref_count == 0
+    assert rig.conn.health()["write_behind_lost_keys"] == 1
+    assert get(rig, key)[0].is_not_found(), "the older value must not be served"
+    assert rig.run(rig.conn.exists(key)).is_not_found()
+    rig.store.faults.clear()  # the flusher now deletes the older value
+    deadline = time.monotonic() + 5
+    while rig.conn.health()["write_behind_lost_keys"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert rig.conn.health()["write_behind_lost_keys"] == 0
+    assert get(rig, key)[0].is_not_found() and len(rig.store) == 0
+    put(rig, key, 3)
+    idle(rig)
+    assert get(rig, key)[1] == payload(3)
+
+
+def test_failed_keys_are_retried_within_the_deadline(make_rig):
+    rig = make_rig(remote_url="local://retry?seed=3", retry_attempts=5, retry_backoff_ms=1, retry_backoff_max_ms=2)
+    rig.store = get_store("retry")
+    rig.store.faults.key_fail_rate = 0.3
+    for i in range(32):
+        put(rig, bytes([i]) * 16, i + 1)
+    idle(rig)
+    rig.store.faults.clear()
+    health = rig.conn.health()
+    assert health["retries"] > 0
+    stored = 0
+    for i in range(32):
+        status, data = get(rig, bytes([i]) * 16)
+        if status.is_ok():
+            assert data == payload(i + 1)
+            stored += 1
+    assert stored >= 30  # 0.3 ** 6 per key
+
+
+def test_a_released_region_is_refused_and_not_queued(make_rig):
+    rig = make_rig()
+    mr = rig.blocks(1)[0]
+    rig.release([mr])
+    status = rig.run(rig.conn.put(b"r" * 16, mr))
+    assert status.is_invalid() and "already released" in str(status.value)
+    assert rig.conn.health()["write_behind_pending"] == 0
