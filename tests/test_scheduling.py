@@ -33,12 +33,12 @@ def test_pool_shutdown_cancels_queued_work_and_threads_are_daemons():
 
     running = pool.submit(hold)
     assert started.wait(5)
+    ours = [thread for thread in threading.enumerate() if thread.name.startswith("sched_test_")]
     queued = pool.submit(lambda: "never")
     pool.shutdown()
     assert queued.cancelled()
     gate.set()
     assert running.result(timeout=5) is True
-    ours = [thread for thread in threading.enumerate() if thread.name.startswith("sched_test_")]
     assert ours and all(thread.daemon for thread in ours)
 
 
