@@ -19,10 +19,13 @@ each amount here, so both read the same numbers. Children are bound once
 per connector, so an update on the hot path is one lock and one add.
 """
 
+import atexit
 import logging
 import os
 import re
 import threading
+import time
+import weakref
 from concurrent.futures import Future
 from typing import Any, Mapping, Sequence
 
@@ -130,9 +133,13 @@ class _Families:
         )  # fmt: skip
         self.breaker_trips = Counter("aibrix_eic_breaker_trips", "Times the circuit breaker opened.", LABELS)
         self.sdk_calls_in_flight = Gauge(
-            "aibrix_eic_sdk_calls_in_flight", "SDK calls running now.", LABELS, multiprocess_mode="livesum"
-        )
-        self.sdk_calls = Counter("aibrix_eic_sdk_calls", "SDK calls made, by operation.", (*LABELS, "op"))
+            "aibrix_eic_sdk_calls_in_flight", f"SDK calls running (sampled every {SAMPLE_INTERVAL_S:g} s).",
+            LABELS, multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.sdk_calls = Counter(
+            "aibrix_eic_sdk_calls", f"SDK calls made, by operation (published every {SAMPLE_INTERVAL_S:g} s).",
+            (*LABELS, "op"),
+        )  # fmt: skip
         self.registered_bytes = Gauge(
             "aibrix_eic_registered_bytes", "Bytes of memory registered with EIC for zero-copy transfers.",
             LABELS, multiprocess_mode="mostrecent",
@@ -180,6 +187,14 @@ class ConnectorMetrics:
         self._breaker_trips = f.breaker_trips.labels(*labels)
         self._in_flight = f.sdk_calls_in_flight.labels(*labels)
         self._sdk_calls = {op: f.sdk_calls.labels(*labels, op) for op in OPS}
+        # SDK calls start and end on pool threads, several per request: they
+        # are tallied here and published by the sampler thread, which keeps
+        # them off the hot path (in multiprocess mode every series update is
+        # a write to a memory-mapped file).
+        self._calls_lock = threading.Lock()
+        self._running = 0
+        self._started = dict.fromkeys(OPS, 0)
+        self._published = dict.fromkeys(OPS, 0)
         self._registered = f.registered_bytes.labels(*labels)
         self._breaker_open.set(0)
         self._registered.set(0)
@@ -256,11 +271,25 @@ class ConnectorMetrics:
 
     # ------------------------------------------------------ SDK calls
     def call_started(self, op: str) -> None:
-        self._in_flight.inc()
-        self._sdk_calls[op].inc()
+        with self._calls_lock:
+            self._running += 1
+            self._started[op] += 1
 
     def call_finished(self) -> None:
-        self._in_flight.dec()
+        with self._calls_lock:
+            self._running -= 1
+
+    def publish(self) -> None:
+        """Bring the sampled series up to date (the sampler thread does this
+        every SAMPLE_INTERVAL_S; tests call it before they scrape)."""
+        with self._calls_lock:
+            running, started = self._running, dict(self._started)
+        self._in_flight.set(running)
+        for op, count in started.items():
+            delta = count - self._published[op]
+            if delta:
+                self._sdk_calls[op].inc(delta)
+                self._published[op] = count
 
     # ------------------------------------------------- state changes
     def breaker_changed(self, is_open: bool) -> None:
@@ -275,6 +304,40 @@ class ConnectorMetrics:
         """The connector closed: nothing registered, no breaker to alert on."""
         self._registered.set(0)
         self._breaker_open.set(0)
+        self.publish()
+
+
+SAMPLE_INTERVAL_S = 1.0
+_sampled: "weakref.WeakSet[ConnectorMetrics]" = weakref.WeakSet()
+_sampler: threading.Thread | None = None
+_sampler_lock = threading.Lock()
+
+
+def _sample_forever() -> None:
+    while True:
+        time.sleep(SAMPLE_INTERVAL_S)
+        publish_all()
+
+
+def publish_all() -> None:
+    """Publish every live connector's sampled series now."""
+    for connector_metrics in list(_sampled):
+        try:
+            connector_metrics.publish()
+        except Exception:  # a metrics hiccup must not end the sampler
+            logger.debug("EIC metrics sampler failed", exc_info=True)
+
+
+atexit.register(publish_all)  # what the last interval counted
+
+
+def _sample(connector_metrics: ConnectorMetrics) -> None:
+    global _sampler
+    with _sampler_lock:
+        _sampled.add(connector_metrics)
+        if _sampler is None or not _sampler.is_alive():
+            _sampler = threading.Thread(target=_sample_forever, name="aibrix_eic_metrics", daemon=True)
+            _sampler.start()
 
 
 class NoMetrics:
@@ -301,6 +364,9 @@ class NoMetrics:
     def call_finished(self) -> None:
         pass
 
+    def publish(self) -> None:
+        pass
+
     def breaker_changed(self, is_open: bool) -> None:
         pass
 
@@ -322,7 +388,9 @@ def for_connector(config: Any, conn_id: str) -> "ConnectorMetrics | NoMetrics":
     port = getattr(config, "metrics_port", None)
     if port is not None:
         start_exporter(port)
-    return ConnectorMetrics(config.eic_kv_ns, getattr(config, "model_id", None) or "", partition_of(conn_id))
+    connector_metrics = ConnectorMetrics(config.eic_kv_ns, getattr(config, "model_id", None) or "", partition_of(conn_id))
+    _sample(connector_metrics)
+    return connector_metrics
 
 
 # How many ports above metrics_port a process tries: one per TP rank on a

@@ -105,6 +105,7 @@ def scraped_manager(monkeypatch, tmp_path):
     assert port is not None
 
     def scrape() -> Scrape:
+        metrics.publish_all()  # the sampled series, without waiting for the sampler
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
             return Scrape(parse(reply.read().decode()), namespace)
 
