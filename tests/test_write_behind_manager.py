@@ -1,0 +1,241 @@
+"""Write-behind through AIBrix's real BaseKVCacheManager with L1 on: the
+configuration most deployments run, where L2 gets one block per put from
+L1's ingestion callback. Every test runs with ingestion ALL and HOT, with
+synchronous and asynchronous L2 writes, and watches the allocator for bytes
+landing in released memory."""
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from aibrix_eic.engine import get_store
+from harness import BLOCK_NTOKENS, block_spec, make_manager, pattern, tokens, use_config
+from poison import PoisonWatch
+
+STORE = "wbm"
+L1_BLOCKS = 40  # the L1 capacity, in blocks (S3FIFO's small queue holds 30 % of it)
+
+
+@pytest.fixture(params=[("ALL", 0), ("ALL", 65536), ("HOT", 0), ("HOT", 65536)], ids=lambda p: f"{p[0]}-{'async' if p[1] else 'sync'}")
+def mode(request):
+    return request.param
+
+
+@pytest.fixture
+def build(mode, monkeypatch, tmp_path):
+    ingestion, inflight = mode
+    made = []
+
+    def make(**config):
+        spec = block_spec()
+        env = {
+            "AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED": "1",
+            "AIBRIX_KV_CACHE_OL_L1_CACHE_CAPACITY_GB": str(L1_BLOCKS * spec.block_nbytes / 1e9),
+            "AIBRIX_KV_CACHE_OL_L2_CACHE_BACKEND": "EIC",
+            "AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_TYPE": ingestion,
+            "AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_MAX_INFLIGHT_TOKENS": str(inflight),
+            "AIBRIX_KV_CACHE_OL_L2_CACHE_OP_BATCH": "8",
+        }
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        config.setdefault("put_mode", "write_behind")
+        use_config(monkeypatch, tmp_path, remote_url=f"local://{STORE}", batch_keys=8, **config)
+        cache = make_manager(spec)
+        cache.watch = PoisonWatch(cache._allocator)
+        cache.ingestion = ingestion
+        made.append(cache)
+        return cache
+
+    yield make
+    for cache in made:
+        violations = cache.watch.check_all()
+        cache.close()
+        assert not violations, violations
+
+
+def conn(cache):
+    return cache._l2_cache._backend
+
+
+def offload(cache, query, seed: int) -> None:
+    handle = cache.allocate_for(None, query).get()
+    nbytes = cache.block_spec.block_nbytes
+    for i, tensor in enumerate(handle.to_tensors()):
+        tensor.view(torch.uint8).view(-1).copy_(pattern(seed, i, nbytes))
+    assert cache.put(None, query, handle).is_ok()
+    if cache.ingestion == "HOT":  # a block reaches L2 when it is read again from L1
+        status = cache.acquire(None, query)
+        assert status.is_ok()
+        status.get()[1].release()
+    cache.flush()  # async ingestion: AIBrix's own in-flight writes (ours return at once)
+
+
+def reload(cache, query, seed: int) -> tuple[int, bool]:
+    status = cache.acquire(None, query)
+    if not status.is_ok():
+        return 0, True
+    ntokens, handle = status.get()
+    nbytes = cache.block_spec.block_nbytes
+    try:
+        exact = all(
+            torch.equal(tensor.view(torch.uint8).view(-1), pattern(seed, i, nbytes))
+            for i, tensor in enumerate(handle.to_tensors())
+        )
+    finally:
+        handle.release()
+    return ntokens, exact
+
+
+def evict_from_l1(cache, seed: int) -> None:
+    """Offload fillers until whatever was in L1 before is gone. S3FIFO keeps
+    blocks read since their put in its main queue, so with HOT ingestion the
+    fillers are read once too: only then do they push out older hot blocks."""
+    for i in range(16):  # 64 blocks, 4 at a time: each filler fits the small queue
+        query = tokens(4, seed=seed * 100 + i)
+        handle = cache.allocate_for(None, query).get()
+        assert cache.put(None, query, handle).is_ok()
+        if cache.ingestion == "HOT":
+            status = cache.acquire(None, query)
+            assert status.is_ok()
+            status.get()[1].release()
+
+
+def from_l2(cache, query, seed: int) -> tuple[int, bool]:
+    """Reload, and check the blocks really came from L2 (EIC or pending)."""
+    before = conn(cache).health()
+    result = reload(cache, query, seed)
+    after = conn(cache).health()
+    read = (after["get_blocks"] - before["get_blocks"]) + (after["write_behind_served"] - before["write_behind_served"])
+    assert read > 0, "the reload was served by L1: the test evicted nothing"
+    return result
+
+
+def run_on_manager_loop(cache, coro):
+    return asyncio.run_coroutine_threadsafe(coro, cache._event_loop).result(timeout=30)
+
+
+def test_reload_after_eviction_from_l1_is_bit_exact(build):
+    cache = build()
+    query = tokens(8, seed=1)
+    offload(cache, query, seed=1)
+    assert conn(cache).write_behind.wait_idle(10)
+    evict_from_l1(cache, seed=1)
+    assert from_l2(cache, query, seed=1) == (8 * BLOCK_NTOKENS, True)
+
+
+def test_read_your_writes_before_the_flush(build):
+    cache = build()
+    get_store(STORE).faults.latency_s = 0.3
+    query = tokens(8, seed=2)
+    offload(cache, query, seed=2)
+    evict_from_l1(cache, seed=2)
+    assert conn(cache).health()["write_behind_pending"] > 0, "nothing pending: the test proves nothing"
+    started = time.perf_counter()
+    assert from_l2(cache, query, seed=2) == (8 * BLOCK_NTOKENS, True)
+    assert conn(cache).health()["write_behind_served"] >= 1
+    assert time.perf_counter() - started < 0.3, "served from the held regions, not after the flush"
+    get_store(STORE).faults.clear()
+
+
+def test_delete_racing_a_pending_write(build):
+    cache = build()
+    store = get_store(STORE)
+    store.faults.latency_s = 0.05
+    query = tokens(8, seed=3)
+    offload(cache, query, seed=3)
+    assert cache.delete(None, query).is_ok()  # L1, then L2: drops queued writes, waits for the one in flight
+    assert cache.exists(None, query).is_not_found()
+    assert reload(cache, query, seed=3)[0] == 0
+    assert conn(cache).write_behind.wait_idle(10)
+    keys = {key for _, key in cache._l2_cache._cache_block_keys(None, query)}
+    encoded = set(conn(cache)._codec.encode_many(list(keys)))
+    assert not encoded & {key for _, key in store.keys()}, "a deleted block came back from a pending write"
+
+
+def test_an_overwrite_is_never_reordered_behind_an_older_write(build):
+    cache = build()
+    store = get_store(STORE)
+    store.faults.latency_s = 0.02
+    query = tokens(4, seed=4)
+    l2 = cache._l2_cache
+    for version in range(5):
+        mrs = cache.allocate_for(None, query).get().memory_regions
+        for i, mr in enumerate(mrs):
+            mr.to_tensor()[: cache.block_spec.block_nbytes].copy_(pattern(40 + version, i, cache.block_spec.block_nbytes))
+        assert run_on_manager_loop(cache, l2.put(None, query, list(mrs))).is_ok()
+        for mr in mrs:
+            mr.ref_down()
+    assert conn(cache).write_behind.wait_idle(10)
+    store.faults.clear()
+    assert reload(cache, query, seed=44) == (4 * BLOCK_NTOKENS, True)  # L1 never had it: from EIC
+
+
+def test_close_with_pending_writes_flushes_and_releases(build):
+    cache = build()
+    store = get_store(STORE)
+    store.faults.latency_s = 0.02
+    offload(cache, tokens(8, seed=5), seed=5)
+    connector = conn(cache)
+    assert connector.health()["write_behind_pending"] > 0
+    started = time.perf_counter()
+    assert connector.close().is_ok()
+    assert time.perf_counter() - started < 2.0
+    assert connector.health()["write_behind_pending"] == 0 and connector.health()["write_behind_lost"] == 0
+    assert len(store) >= 8
+
+
+def test_pending_bytes_stay_within_the_byte_bound(build):
+    block = block_spec().block_nbytes
+    cache = build(write_behind_max_bytes=3 * block)
+    get_store(STORE).faults.latency_s = 0.01
+    table = conn(cache).write_behind.table
+    peak = [0]
+    add = table.add
+
+    def watched_add(*args, **kwargs):
+        add(*args, **kwargs)
+        peak[0] = max(peak[0], table.counted_bytes)
+
+    table.add = watched_add
+    query = tokens(12, seed=6)
+    offload(cache, query, seed=6)
+    assert conn(cache).write_behind.wait_idle(10)
+    assert 0 < peak[0] <= 3 * block
+    assert conn(cache).health()["write_behind_waits"] > 0, "no put went past the bound"
+    evict_from_l1(cache, seed=6)
+    assert from_l2(cache, query, seed=6) == (12 * BLOCK_NTOKENS, True)
+
+
+def test_nothing_is_queued_while_the_breaker_is_open(build):
+    cache = build(probe_interval_s=3600)
+    connector = conn(cache)
+    connector.breaker.trip("test")
+    query = tokens(8, seed=7)
+    offload(cache, query, seed=7)
+    assert connector.health()["write_behind_pending"] == 0 and connector.health()["write_behind_blocks"] == 0
+    connector.breaker.reset()
+    evict_from_l1(cache, seed=7)
+    assert conn(cache).write_behind.wait_idle(10)
+    assert reload(cache, query, seed=7)[0] == 0
+
+
+def test_engine_faults_during_flushes_give_misses_never_wrong_bytes(build):
+    cache = build(retry_attempts=2, retry_backoff_ms=1, retry_backoff_max_ms=2, breaker_failures=1000)
+    store = get_store(STORE)
+    store.faults.key_fail_rate = 0.4
+    queries = [tokens(6, seed=80 + i) for i in range(4)]
+    for i, query in enumerate(queries):
+        offload(cache, query, seed=80 + i)
+    assert conn(cache).write_behind.wait_idle(10)
+    store.faults.clear()
+    evict_from_l1(cache, seed=8)
+    loaded = 0
+    for i, query in enumerate(queries):
+        ntokens, exact = reload(cache, query, seed=80 + i)
+        assert exact, "a reload after failed flushes returned wrong bytes"
+        loaded += ntokens
+    health = conn(cache).health()
+    assert health["retries"] > 0
+    assert loaded > 0
