@@ -303,3 +303,114 @@ def test_image_requirements_are_pinned():
         line = line.split("#", 1)[0].strip()
         if line:
             assert re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][0-9A-Za-z.]*", line), f"not pinned: {line}"
+
+
+# ----------------------------------------------------------- monitoring
+MONITORING = DEPLOY / "monitoring"
+# Labels Prometheus adds when it scrapes a pod, which the rules may group by.
+TARGET_LABELS = {"pod", "instance", "job", "container", "namespace"}
+
+
+def exported_series() -> dict[str, set[str]]:
+    """Every sample name our metrics export, with its label names, read
+    from a live registry rather than written down twice."""
+    from prometheus_client import REGISTRY
+
+    from aibrix_eic.metrics import ConnectorMetrics
+
+    ConnectorMetrics("deploy-test", "", "h0_0_l0_0")
+    series: dict[str, set[str]] = {}
+    for family in REGISTRY.collect():
+        for sample in family.samples:
+            if sample.name.startswith("aibrix_eic_") and not sample.name.endswith("_created"):  # not in multiprocess mode
+                series.setdefault(sample.name, set()).update(sample.labels)
+    return series
+
+
+def label_values() -> dict[str, set[str]]:
+    from aibrix_eic import metrics
+
+    return {
+        "op": set(metrics.OPS),
+        "outcome": {o for outcomes in (*metrics.REQUEST_OUTCOMES.values(), *metrics.BLOCK_OUTCOMES.values()) for o in outcomes},
+        "direction": {"in", "out"},
+    }
+
+
+def check_promql(where: str, expr: str) -> list[str]:
+    """Parse expr and check every selector against what we export; returns
+    the metric names it reads."""
+    import promql_parser
+
+    # Grafana's variables, as values a query can hold.
+    expr = expr.replace("$__rate_interval", "5m").replace("$namespace", ".*").replace("$model", ".*")
+    try:
+        tree = promql_parser.parse(expr)
+    except Exception as e:
+        raise AssertionError(f"{where}: PromQL does not parse: {e}\n{expr}")
+    series, values = exported_series(), label_values()
+    names: list[str] = []
+
+    def visit(node):
+        if isinstance(node, promql_parser.VectorSelector):
+            assert node.name in series, f"{where}: {node.name} is not a series aibrix-eic exports"
+            names.append(node.name)
+            for matcher in node.matchers.matchers:
+                assert matcher.name in series[node.name], f"{where}: {node.name} has no label {matcher.name!r}"
+                if matcher.name in values and matcher.op == promql_parser.MatchOp.Equal:
+                    assert matcher.value in values[matcher.name], f"{where}: {matcher.name}={matcher.value!r} never occurs"
+                if matcher.name in values and matcher.op in (promql_parser.MatchOp.Re, promql_parser.MatchOp.NotRe):
+                    for alternative in matcher.value.split("|"):
+                        assert alternative in values[matcher.name], f"{where}: {matcher.name}=~{alternative!r} never occurs"
+        if isinstance(node, promql_parser.AggregateExpr) and node.modifier is not None:
+            ours = set().union(*series.values())
+            for label in node.modifier.labels:
+                assert label in ours | TARGET_LABELS, f"{where}: grouping by unknown label {label!r}"
+        return True
+
+    promql_parser.walk(tree, visit, None)
+    assert names, f"{where}: reads no aibrix_eic series"
+    return names
+
+
+def test_prometheus_rule_alerts_on_the_breaker_the_hit_rate_and_timeouts():
+    rule = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["kind"] == "PrometheusRule"
+    assert rule["metadata"]["name"]
+    alerts = {}
+    for group in rule["spec"]["groups"]:
+        assert group["name"] and group["rules"]
+        for entry in group["rules"]:
+            assert set(entry) <= {"alert", "expr", "for", "labels", "annotations"}, entry.keys()
+            assert re.fullmatch(r"\d+[smh]", entry["for"]), entry["for"]
+            assert entry["labels"]["severity"] in ("critical", "warning")
+            assert entry["annotations"]["summary"] and entry["annotations"]["description"]
+            alerts[entry["alert"]] = check_promql(entry["alert"], entry["expr"])
+    assert "aibrix_eic_breaker_open" in alerts["AIBrixEICBreakerOpen"]
+    assert "aibrix_eic_blocks_total" in alerts["AIBrixEICHitRateCollapse"]
+    assert "aibrix_eic_requests_total" in alerts["AIBrixEICTimeoutsRising"]
+
+
+def test_the_rule_check_catches_a_misspelt_series():
+    with pytest.raises(AssertionError, match="not a series"):
+        check_promql("typo", 'sum(rate(aibrix_eic_block_total{op="get"}[5m]))')
+    with pytest.raises(AssertionError, match="never occurs"):
+        check_promql("typo", 'sum(rate(aibrix_eic_blocks_total{outcome="hits"}[5m]))')
+
+
+def test_grafana_dashboard_queries_what_we_export():
+    dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text())
+    assert dashboard["uid"] and dashboard["title"] and dashboard["schemaVersion"] >= 30
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert {"datasource", "namespace", "model"} <= variables
+    read = set()
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(set(ids)) == len(ids)
+    for panel in dashboard["panels"]:
+        assert panel["title"] and panel["targets"]
+        for target in panel["targets"]:
+            read.update(check_promql(f"panel {panel['title']!r}", target["expr"]))
+    # Every family has a panel.
+    families = {re.sub(r"_(total|bucket|sum|count)$", "", name) for name in exported_series()}
+    shown = {re.sub(r"_(total|bucket|sum|count)$", "", name) for name in read}
+    assert families <= shown, f"no panel for {sorted(families - shown)}"
