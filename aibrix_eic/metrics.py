@@ -233,7 +233,8 @@ class ConnectorMetrics:
         the request's (keys, mrs) for get and put."""
         outcome = request_outcome(op, result)
         self._requests[op, outcome].inc()
-        self._seconds[op].observe(seconds)
+        if op != "exists":  # timed per mexist round, in exists_round
+            self._seconds[op].observe(seconds)
         if op == "get" and not isinstance(result, Status) and result:
             if outcome == "fast_fail":
                 self._blocks["get", "fast_fail"].inc(len(result))
