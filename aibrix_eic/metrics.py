@@ -256,10 +256,11 @@ class ConnectorMetrics:
         outcome of each exists() it answers (those the deadline has not
         answered already), counted in bulk rather than per call."""
         self._seconds["exists"].observe(seconds)
-        if future.cancelled() or future.exception() is not None:
+        try:
+            outcomes = future.result(timeout=0).outcomes  # done: it is delivered from its callback
+        except BaseException:  # cancelled, or the call raised
             self.count_requests("exists", "error", sum(1 for w in waiters[start:end] if not w.done()))
             return
-        outcomes = future.result().outcomes
         if not waiters[start].done() and not waiters[end - 1].done():  # the usual case: none answered yet
             hits, misses = outcomes.count(HIT), outcomes.count(MISS)
             self.count_requests("exists", "hit", hits)

@@ -57,18 +57,21 @@ SPEC = KVCacheBlockSpec(  # 8 layers x 1 head x 128 x 16 tokens x K,V x bf16 = 6
 )
 OPS = ("put", "get", "exists")
 VARIANTS = ("metrics_off", "metrics_on")
+# The engine as is, and with 1 ms per SDK call, closer to a real cluster's
+# round trip (where the same metrics work is a smaller share).
+CONDITIONS = {"as-is": "metrics-bench?capacity=2GiB", "rtt-1ms": "metrics-bench-rtt?capacity=2GiB&latency=1ms"}
 
 
-def build(directory: str, variant: str, executor) -> L2Cache:
+def build(directory: str, variant: str, executor, endpoint: str) -> L2Cache:
     values = {
-        "remote_url": "local://metrics-bench?capacity=2GiB",
+        "remote_url": f"local://{endpoint}",
         "eic_kv_ns": f"bench-{variant}",  # separate keys, one store
         "metrics": variant == "metrics_on",
         "model_id": "bench",
     }
     if "put_mode" in EICConfig.__dataclass_fields__:
         values["put_mode"] = "direct"  # the same put path in both
-    path = os.path.join(directory, f"{variant}.yaml")
+    path = os.path.join(directory, f"{variant}-{abs(hash(endpoint))}.yaml")
     with open(path, "w") as out:
         yaml.safe_dump(values, out)
     os.environ[ENV_CONFIG] = path
@@ -89,7 +92,13 @@ def build(directory: str, variant: str, executor) -> L2Cache:
 
 
 def measure(iterations: int) -> dict:
-    """Median seconds per op and variant, measured round-robin."""
+    results = {name: measure_condition(endpoint, iterations) for name, endpoint in CONDITIONS.items()}
+    results["instrument_us"] = instrument_cost_us()
+    return results
+
+
+def measure_condition(endpoint: str, iterations: int) -> dict:
+    """Median ms per op and variant, and the paired overhead, measured round-robin."""
     executor = ThreadPoolExecutor(8, thread_name_prefix="l2_cache_")
     allocator = TensorPoolAllocator.create(capacity_nbytes=256 << 20)
     nbytes = SPEC.block_nbytes
@@ -102,7 +111,7 @@ def measure(iterations: int) -> dict:
     loop = asyncio.new_event_loop()
     samples: dict[tuple[str, str], list[float]] = {(op, v): [] for op in OPS for v in VARIANTS}
     with tempfile.TemporaryDirectory() as directory:
-        caches = {variant: build(directory, variant, executor) for variant in VARIANTS}
+        caches = {variant: build(directory, variant, executor, endpoint) for variant in VARIANTS}
         for cache in caches.values():
             assert cache.register_slabs(allocator.slabs).is_ok()
         dst = {variant: list(allocator.alloc([nbytes] * NBLOCKS).get()) for variant in VARIANTS}
@@ -149,11 +158,10 @@ def measure(iterations: int) -> dict:
             "metrics_on_ms": statistics.median(on) * 1000,
             "overhead_percent": (paired - 1) * 100,
         }
-    result["instrument_us"] = instrument_cost_us()
     return result
 
 
-def instrument_cost_us(repeats: int = 2000) -> dict:
+def instrument_cost_us(repeats: int = 3500) -> dict:
     """What the metrics code adds to one request of NBLOCKS blocks, timed on
     its own (a stable number where the ratio above is noisy): the calls the
     connector makes for a put, a get and an exists round of the same shape."""
@@ -207,10 +215,13 @@ def instrument_cost_us(repeats: int = 2000) -> dict:
     cost = {}
     for name, fn in (("put", put), ("get", get), ("exists", exists)):
         fn()
-        started = time.perf_counter()
-        for _ in range(repeats):
-            fn()
-        cost[name] = (time.perf_counter() - started) / repeats * 1e6
+        batches = []
+        for _ in range(7):  # the fastest batch: the least disturbed by other work on the machine
+            started = time.perf_counter()
+            for _ in range(repeats // 7):
+                fn()
+            batches.append((time.perf_counter() - started) / (repeats // 7) * 1e6)
+        cost[name] = min(batches)
     waiter_loop.close()
     return cost
 
@@ -229,22 +240,25 @@ def render(results: dict) -> str:
     lines = [
         f"Metrics on vs off, {NBLOCKS} blocks of {SPEC.block_nbytes // 1024} KiB through L2Cache "
         f"(median per op, same run; goal < {GOAL_PERCENT:g} %):",
-        f"  {'mode':<22} {'op':<7} {'off ms':>8} {'on ms':>8} {'overhead':>9}",
+        f"  {'mode':<22} {'engine':<8} {'op':<7} {'off ms':>8} {'on ms':>8} {'paired':>8}",
     ]
-    for mode, per_op in results.items():
-        for op in OPS:
-            row = per_op[op]
-            lines.append(
-                f"  {mode:<22} {op:<7} {row['metrics_off_ms']:8.3f} {row['metrics_on_ms']:8.3f} "
-                f"{row['overhead_percent']:+8.2f}%"
-            )
-    lines.append("The metrics code alone, per request (us), and as a share of the op's time with metrics off:")
-    for mode, per_op in results.items():
-        parts = [
-            f"{op} {per_op['instrument_us'][op]:.1f} us ({per_op['instrument_us'][op] / 10 / per_op[op]['metrics_off_ms']:.2f} %)"
-            for op in OPS
-        ]
-        lines.append(f"  {mode:<22} " + ", ".join(parts))
+    for mode, measured in results.items():
+        for condition in CONDITIONS:
+            for op in OPS:
+                row = measured[condition][op]
+                lines.append(
+                    f"  {mode:<22} {condition:<8} {op:<7} {row['metrics_off_ms']:8.3f} {row['metrics_on_ms']:8.3f} "
+                    f"{row['overhead_percent']:+7.2f}%"
+                )
+    lines.append("The metrics code alone, per request (us), and its share of the op's time with metrics off:")
+    for mode, measured in results.items():
+        for condition in CONDITIONS:
+            parts = [
+                f"{op} {measured['instrument_us'][op]:.1f} us "
+                f"({measured['instrument_us'][op] / 10 / measured[condition][op]['metrics_off_ms']:.2f} %)"
+                for op in OPS
+            ]
+            lines.append(f"  {mode:<22} {condition:<8} " + ", ".join(parts))
     return "\n".join(lines)
 
 
