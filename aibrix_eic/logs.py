@@ -71,4 +71,4 @@ class RateLimitedLogger:
             suppressed = self._suppressed.pop(kind, 0)
         if suppressed:
             msg = f"{msg} ({suppressed} similar messages suppressed)"
-        self._logger.log(level, msg, *args)
+        self._logger.log(level, msg, *args, stacklevel=2)  # the caller's file:line

@@ -92,8 +92,22 @@ def write_config(workdir: Path, name: str, text: str) -> Path:
     return path
 
 
+TYPO_CONFIG = "remote_url: local://typo\neic_kv_nss: prod\n"
+
+
 @pytest.fixture(scope="session")
-def baseline(model_dir, workdir) -> dict[str, Completion]:
+def typo_server(model_dir, workdir) -> Server:
+    """A server whose config has a typo, started early: it fails by itself
+    while the baseline starts (test_startup checks how)."""
+    config = write_config(workdir, "typo", TYPO_CONFIG)
+    server = start_server("typo", model_dir, workdir, env={"AIBRIX_KV_CACHE_OL_EIC_CONFIG": str(config)}, wait=False)
+    server.config_path = config
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture(scope="session")
+def baseline(model_dir, workdir, typo_server) -> dict[str, Completion]:
     """Every prompt's outputs from a server without the connector."""
     server = start_server("baseline", model_dir, workdir, connector=False)
     try:

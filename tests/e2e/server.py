@@ -113,6 +113,8 @@ class Server:
             "--max-model-len", "4096",
             "--max-num-seqs", "16",
             "--seed", "0",
+            # no torch.compile: starts do not depend on a compiler or its cache
+            "--enforce-eager",
             "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
         ]
         if connector:

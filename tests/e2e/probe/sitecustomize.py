@@ -14,9 +14,17 @@ loaded the embedded engine (it never imports it) does, every 0.2 s:
   re-applies engine endpoint parameters (docs/engine.md), {"corrupt": true}
   overwrites every stored value's bytes, {"clear": true} drops all values.
 
-It never touches vLLM, AIBrix or the connector.
+With E2E_PROBE_AT_START='{"store": NAME, "params": "unreachable=true"}', the
+store is created with those parameters as soon as the engine is imported,
+before any client connects: the endpoint's own parameters are re-applied at
+every connect, so a knob set there could never be lifted by a command.
+
+It never touches vLLM, AIBrix or the connector (it reads `aibrix_eic.health()`
+when the connector is loaded, for the dump).
 """
 
+import importlib.abc
+import importlib.machinery
 import json
 import os
 import sys
@@ -24,13 +32,39 @@ import threading
 import time
 
 _DIR = os.environ.get("E2E_PROBE_DIR")
+_AT_START = os.environ.get("E2E_PROBE_AT_START")
 _REGISTRY = "aibrix_eic.engine.registry"
+
+
+def _apply_at_start(registry) -> None:
+    command = json.loads(_AT_START)
+    store = registry.get_store(command["store"])
+    registry.apply_params(store, registry.parse_endpoint("?" + command["params"])[1])
+
+
+class _AtStartFinder(importlib.abc.MetaPathFinder):
+    """Runs _apply_at_start right after the engine registry is imported."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != _REGISTRY:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None:
+            return None
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _apply_at_start(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
 
 
 def _write(path: str, payload: dict) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        json.dump(payload, f)
+        json.dump(payload, f, default=str)
     os.replace(tmp, path)
 
 
@@ -76,7 +110,12 @@ def _loop() -> None:
                 name: dict(vars(store.stats), keys=len(store), unreachable=store.faults.unreachable)
                 for name, store in list(registry._stores.items())
             }
-            _write(os.path.join(_DIR, f"store-{pid}.json"), {"pid": pid, "time": time.time(), "stores": stores})
+            live = sys.modules.get("aibrix_eic.live")
+            health = sys.modules["aibrix_eic"].health() if live is not None else []
+            _write(
+                os.path.join(_DIR, f"store-{pid}.json"),
+                {"pid": pid, "time": time.time(), "stores": stores, "health": health},
+            )
         except Exception as e:  # keep probing; say why once per kind
             sys.stderr.write(f"e2e probe {pid}: {e!r}\n")
 
@@ -85,6 +124,11 @@ def _start() -> None:
     threading.Thread(target=_loop, name="e2e-probe", daemon=True).start()
 
 
+if _AT_START:
+    if _REGISTRY in sys.modules:
+        _apply_at_start(sys.modules[_REGISTRY])
+    else:
+        sys.meta_path.insert(0, _AtStartFinder())
 if _DIR:
     _start()
     os.register_at_fork(after_in_child=_start)  # a forked worker has no threads
