@@ -64,12 +64,11 @@ LATENCY_BUCKETS = (
 FAST_MISS = Status(StatusCodes.NOT_FOUND, "EIC circuit is open (EIC unavailable)")
 PUT_SKIPPED = Status(StatusCodes.ERROR, "put skipped: EIC circuit is open (EIC unavailable)")
 DELETE_SKIPPED = Status(StatusCodes.ERROR, "delete skipped: EIC circuit is open (EIC unavailable)")
-_FAST_FAILS = (FAST_MISS, PUT_SKIPPED, DELETE_SKIPPED)
 _CODE_OUTCOMES = {StatusCodes.NOT_FOUND: "miss", StatusCodes.TIMEOUT: "timeout", StatusCodes.INVALID: "invalid"}
 
 
 def _status_outcome(op: str, status: Status) -> str:
-    if any(status is fast for fast in _FAST_FAILS):
+    if status is FAST_MISS or status is PUT_SKIPPED or status is DELETE_SKIPPED:
         return "fast_fail"
     code = status.error_code
     if code is StatusCodes.OK:
