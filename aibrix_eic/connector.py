@@ -425,7 +425,8 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         eic_key = self._encode_keys([key])[0]
         if self._write_behind.active:
             known = self._write_behind.exists(eic_key)
-            if known is not None:
+            if known is not None:  # answered without the batcher: count it here
+                self._metrics.count_requests("exists", "hit" if known.is_ok() else "miss", 1)
                 return known
         if self._live_session() is None:
             return FAST_MISS

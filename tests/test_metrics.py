@@ -204,6 +204,26 @@ def test_hit_miss_outage_and_recovery_move_their_series(scraped_manager):
     assert any(h["conn_id"] == health["conn_id"] and h["gets"] == health["gets"] for h in aibrix_eic.health())
 
 
+@pytest.mark.skipif("put_mode" not in EICConfig.__dataclass_fields__, reason="no write-behind in this build")
+def test_exists_answered_from_queued_writes_is_counted(monkeypatch, tmp_path):
+    namespace = f"metrics-wb-{uuid.uuid4().hex[:8]}"
+    manager_env(monkeypatch)
+    use_config(monkeypatch, tmp_path, remote_url="local://metrics-wb", eic_kv_ns=namespace, put_mode="write_behind")
+    cache = make_manager(block_spec())
+    store = get_store("metrics-wb")
+    try:
+        store.faults.latency_s = 0.5  # the flush is still in flight when exists asks
+        query = tokens(4, seed=6)
+        assert offload(cache, query, seed=6).is_ok()
+        assert cache.exists(None, query).get() == 4 * BLOCK_NTOKENS
+        text = generate_latest().decode()
+        hits = Scrape(parse(text), namespace).value("aibrix_eic_requests_total", op="exists", outcome="hit")
+        assert hits == 4
+    finally:
+        store.faults.clear()
+        cache.close()
+
+
 def test_labels_name_namespace_model_and_partition_never_a_key(scraped_manager):
     cache, scrape = scraped_manager
     query = tokens(2, seed=3)
