@@ -21,7 +21,7 @@ import re
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -107,7 +107,7 @@ class ManagerDriver:
         self.nblocks = self.tokens // shape.block_ntokens
         self.block_nbytes = shape.block_nbytes
         self.seed = seed
-        self.manager = None
+        self.manager: Any = None  # aibrix_kvcache's BaseKVCacheManager once started
         self.config_path = ""  # the user's config; "" for the embedded engine
         rng = np.random.default_rng(seed)
         self.source = torch.from_numpy(
@@ -207,6 +207,7 @@ class ManagerDriver:
     def run_request(self, index: int, warmup: bool = False) -> RequestResult:
         """Offload one new prompt's KV, then reload it; every call timed."""
         manager = self.manager
+        assert manager is not None, "run_request before start"
         result = RequestResult(index, warmup, self.tokens)
         prompt = self.prompt(index)
         timer = _Timer(result.seconds)

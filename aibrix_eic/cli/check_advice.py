@@ -1,0 +1,39 @@
+"""What `aibrix-eic check` tells an operator to do about a failure: advice
+matched on the failure's message, for the failures an operator can fix."""
+
+from ..config import EICConfig
+
+
+def what_to_fix(message: str, config: EICConfig | None) -> str:
+    """Advice for the failures an operator can fix, from a failure's message."""
+    embedded = config is not None and config.uses_embedded_engine
+    endpoint = config.endpoint if config is not None else "?"
+    lowered = message.lower()
+    if "needs the eic python sdk" in lowered:
+        return "install the SDK wheel named above, or use remote_url: local://"
+    if "unreachable" in lowered or "init returned -1" in lowered:
+        if embedded:
+            return "remote_url asks the embedded engine to act unreachable (unreachable=true); remove that"
+        return (
+            f"check that {endpoint} is reachable from this host (network path, security group), that the "
+            "EIC agent on this node is running, and that eic_instance_id is this cluster's id"
+        )
+    if "init returned" in lowered or "client.init raised" in lowered:
+        return "EIC refused the client: check eic_instance_id, eic_trans_type and eic_flag_file"
+    if "eic config" in lowered:
+        return "fix the config file (docs/config.md lists every key)"
+    if "namespace_not_found" in lowered:
+        return f"namespace {config.eic_kv_ns if config else ''!r} does not exist on this EIC: create it or change eic_kv_ns"
+    if "memory_not_registered" in lowered:
+        return "EIC did not accept the registered buffer: check register_memory in the SDK logs (eic_log_dir)"
+    if "value_too_large" in lowered or "max_value_bytes" in lowered:
+        return "blocks are bigger than EIC accepts: use a smaller block size or raise the cluster's value limit"
+    if "out_of_capacity" in lowered:
+        return "EIC is full and could not evict: raise its capacity"
+    if "timeout" in lowered:
+        return "EIC answered too slowly: check the network, or raise get/put/exists_timeout_ms in the config"
+    if "failed" in lowered and ("mset" in lowered or "mget" in lowered or "mexist" in lowered or "mdel" in lowered):
+        if embedded:
+            return "the embedded engine injects failures (fail_rate/key_fail_rate in remote_url); remove them"
+        return "EIC answers but fails the calls: see the SDK logs in eic_log_dir and the cluster's health"
+    return ""

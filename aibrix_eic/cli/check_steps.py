@@ -1,0 +1,354 @@
+"""The steps of `aibrix-eic check`, in the order it runs them. Each returns
+(verdict, detail) or raises StepFailed with what to fix."""
+
+import dataclasses
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..config import ENV_CONFIG, ConfigError, EICConfig, config_path_from_env
+from ..sdk import HIT, SdkClient, load_sdk_module
+from ..units import format_size
+from .check_advice import what_to_fix as _advice
+
+if TYPE_CHECKING:
+    from ..connector import EICConnector
+
+PASS, FAIL, WARN, SKIP = "PASS", "FAIL", "WARN", "SKIP"
+
+DEFAULT_BLOCK_NBYTES = 2 * 1024**2  # one llama3-8b block
+OTHER_NAMESPACE_SUFFIX = "aibrix-eic-check"
+# How long the TTL probe waits for a real cluster to expire a 1 s key.
+TTL_PROBE_WAIT_S = 3.0
+NEVER_EXPIRES_PROBE_S = 30 * 24 * 3600
+
+
+class StepFailed(Exception):
+    """A step's finding: what went wrong and what to do about it."""
+
+    def __init__(self, detail: str, fix: str = "") -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.fix = fix
+
+
+def what_to_fix(config: EICConfig | None, message: str) -> str:
+    return _advice(message, config)
+
+
+def _region_class():
+    from aibrix_kvcache.memory import MemoryRegion
+
+    class CheckRegion(MemoryRegion):
+        """A MemoryRegion over a tensor this command owns."""
+
+        def destroy_unsafe(self) -> None:
+            pass  # the tensor is freed with the command
+
+    return CheckRegion
+
+
+class CheckSteps:
+    """The steps; Checker (check.py) runs them and keeps their state."""
+
+    requested_block_nbytes: int | None
+    routed_at_start: bool
+    config: EICConfig | None
+    module: ModuleType | None
+    connector: "EICConnector | None"
+    key: bytes
+    regions: list
+    payload: torch.Tensor | None
+    cleanup_keys: set[bytes]
+    executor: ThreadPoolExecutor
+
+    def run_op(self, coroutine):
+        raise NotImplementedError
+
+    @property
+    def cfg(self) -> EICConfig:
+        if self.config is None:
+            raise StepFailed("no config was loaded")
+        return self.config
+
+    @property
+    def conn(self) -> "EICConnector":
+        if self.connector is None:
+            raise StepFailed("no connector was built")
+        return self.connector
+
+    @property
+    def sdk(self) -> ModuleType:
+        if self.module is None:
+            raise StepFailed("no SDK was loaded")
+        return self.module
+
+    def check_config(self) -> tuple[str, str]:
+        path = config_path_from_env()
+        try:
+            self.config = EICConfig.from_env()
+        except ConfigError as e:
+            if e.key is None:
+                fix = f"pass the path of a readable YAML file (--config, or ${ENV_CONFIG})"
+            else:
+                fix = f"fix {e.key} in {e.source} (docs/config.md lists every key)"
+            raise StepFailed(str(e), fix) from None
+        config = self.cfg
+        source = path or "no config file: the embedded engine with default settings"
+        return PASS, (
+            f"{source} (remote_url {config.remote_url}, eic_kv_ns {config.eic_kv_ns!r}, "
+            f"eic_kv_ttl {config.eic_kv_ttl})"
+        )
+
+    def check_sdk(self) -> tuple[str, str]:
+        try:
+            self.module = load_sdk_module(self.cfg)
+        except ConfigError as e:
+            raise StepFailed(
+                f"the EIC Python SDK is not installed: {e.problem}",
+                "install the vendor SDK into this Python environment, or use remote_url: local://",
+            ) from None
+        if self.cfg.uses_embedded_engine:
+            from ..engine import open_store
+
+            # As Client.init will see it: with remote_url's parameters applied.
+            store = open_store(self.cfg.endpoint)
+            faults = store.faults
+            notes = [f"capacity {format_size(store.capacity)}"]
+            if faults.latency_s:
+                notes.append(f"latency {faults.latency_s * 1000:g} ms")
+            for name in ("fail_rate", "key_fail_rate", "phantom_rate"):
+                if getattr(faults, name):
+                    notes.append(f"{name} {getattr(faults, name):g}")
+            if faults.unreachable:
+                notes.append("unreachable")
+            return PASS, f"embedded engine (aibrix_eic.engine), store {store.name!r}: {', '.join(notes)}"
+        version = getattr(self.sdk, "__version__", "version unknown")
+        return PASS, f"vendor SDK `eic` ({version}) from {getattr(self.sdk, '__file__', '?')}"
+
+    def create_connector(self) -> tuple[str, str]:
+        from aibrix_kvcache import envs
+        from aibrix_kvcache.l2.connectors import Connector, ConnectorConfig
+
+        from ..connector import EICConnector
+
+        conn_config = ConnectorConfig(
+            backend_name="EIC",
+            namespace=envs.AIBRIX_KV_CACHE_OL_L2_CACHE_NAMESPACE,
+            partition_id="check",
+            executor=self.executor,
+        )
+        self.connector = Connector.create(conn_config)
+        kind = f"{type(self.connector).__module__}.{type(self.connector).__qualname__}"
+        if not isinstance(self.connector, EICConnector):
+            raise StepFailed(
+                f'Connector.create(backend_name="EIC") built {kind}, not aibrix_eic\'s connector',
+                "reinstall aibrix-eic (pip install aibrix-eic) so its .pth hook loads, "
+                "or call aibrix_eic.install() before AIBrix builds its cache",
+            )
+        detail = f'Connector.create(backend_name="EIC") -> {kind} (conn_id {self.conn.conn_id})'
+        if not self.routed_at_start:
+            return WARN, detail + (
+                "; the .pth hook is off in this interpreter (AIBRIX_EIC_DISABLE_AUTOLOAD or "
+                "python -S), so vLLM needs the vllm.general_plugins entry point"
+            )
+        return PASS, detail
+
+    def open_connector(self) -> tuple[str, str]:
+        status = self.conn.open()
+        if not status.is_ok():
+            message = str(status.value) if status.value is not None else str(status)
+            raise StepFailed(message, what_to_fix(self.config, message))
+        health = self.conn.health()
+        if self.conn.breaker.tripped or not health["connected"]:
+            reason = health["breaker_reason"].removeprefix("open: ") or "not connected"
+            raise StepFailed(reason, what_to_fix(self.config, reason))
+        return PASS, f"connected to {self.cfg.remote_url} (includes the warm-up of {self.cfg.warmup_keys} keys); model identity {self.conn.model_identity.describe()}"
+
+    def register_buffer(self) -> tuple[str, str]:
+        block_nbytes = self.requested_block_nbytes or self.cfg.block_nbytes or min(
+            DEFAULT_BLOCK_NBYTES, self.cfg.max_value_bytes
+        )
+        # Two blocks: one written, one read back into.
+        slab = torch.zeros(2 * block_nbytes, dtype=torch.uint8)
+        status = self.conn.register_slabs([slab])
+        if not status.is_ok():
+            raise StepFailed(str(status.value), what_to_fix(self.config, str(status.value)))
+        region = _region_class()
+        self.regions = [region(slab, 0, block_nbytes), region(slab, block_nbytes, block_nbytes)]
+        self.payload = torch.frombuffer(bytearray(os.urandom(block_nbytes)), dtype=torch.uint8)
+        self.regions[0].to_tensor().copy_(self.payload)
+        registered = self.conn.health()["registered_regions"]
+        return PASS, f"1 buffer of {format_size(slab.numel())} ({registered} region(s) registered)"
+
+    def put_block(self) -> tuple[str, str]:
+        self.key = os.urandom(16)  # the size of AIBrix's rolling-hash keys
+        self.cleanup_keys.add(self.key)
+        self._expect_ok("put", self.run_op(self.conn.put(self.key, self.regions[0])))
+        return PASS, f"1 block of {format_size(self.regions[0].length)}"
+
+    def block_exists(self) -> tuple[str, str]:
+        self._expect_ok("exists", self.run_op(self.conn.exists(self.key)))
+        return PASS, "hit"
+
+    def get_block(self) -> tuple[str, str]:
+        target = self.regions[1].to_tensor()
+        target.zero_()
+        self._expect_ok("get", self.run_op(self.conn.get(self.key, self.regions[1])))
+        payload = self.payload
+        if payload is None or not torch.equal(target, payload):
+            mismatched = target.numel() if payload is None else int((target != payload).sum())
+            raise StepFailed(
+                f"get returned OK but {mismatched} of {target.numel()} bytes differ from what was put",
+                "the store returned wrong data: do not use this cluster for KV cache; "
+                "report it with the output of `aibrix-eic check -v`",
+            )
+        return PASS, f"{format_size(target.numel())} read back, bytes match"
+
+    def delete_block(self) -> tuple[str, str]:
+        self._expect_ok("delete", self.run_op(self.conn.delete(self.key)))
+        self.cleanup_keys.discard(self.key)
+        return PASS, "deleted"
+
+    def block_gone(self) -> tuple[str, str]:
+        status = self.run_op(self.conn.exists(self.key))
+        if status.is_ok():
+            raise StepFailed(
+                "exists still finds the block after delete returned OK",
+                "EIC acknowledged a delete it did not do; check the SDK version",
+            )
+        if not status.is_not_found():
+            raise StepFailed(f"exists failed: {status}", what_to_fix(self.config, str(status)))
+        return PASS, "miss, as expected"
+
+    def check_namespace(self) -> tuple[str, str]:
+        """A key written in our namespace is invisible from another one: the
+        same EIC key string, asked for through a client whose options carry
+        another namespace, must miss."""
+        from ..codec import KeyCodec
+        config = self.cfg
+        other_ns = f"{config.eic_kv_ns}-{OTHER_NAMESPACE_SUFFIX}" if config.eic_kv_ns else OTHER_NAMESPACE_SUFFIX
+        key = os.urandom(16)
+        self.cleanup_keys.add(key)
+        self._expect_ok("put", self.run_op(self.conn.put(key, self.regions[0])))
+        eic_key = KeyCodec(self.conn.conn_id, config.eic_kv_ns, self.conn.model_identity.token).encode(key)
+        ours, error = SdkClient.connect(self.sdk, config)
+        if ours is None:
+            raise StepFailed(f"a second client could not connect: {error}", what_to_fix(self.config, error))
+        theirs, error = SdkClient.connect(self.sdk, dataclasses.replace(config, eic_kv_ns=other_ns))
+        if theirs is None:
+            raise StepFailed(f"a client for namespace {other_ns!r} could not connect: {error}", what_to_fix(self.config, error))
+        seen_here = ours.mexist([eic_key])
+        if seen_here.outcomes != [HIT]:
+            raise StepFailed(
+                f"the block is not visible through the SDK in its own namespace {config.eic_kv_ns!r}: "
+                f"{seen_here.detail}",
+                "the connector and the SDK disagree on the key or namespace; report it",
+            )
+        seen_there = theirs.mexist([eic_key])
+        if seen_there.outcomes == [HIT]:
+            raise StepFailed(
+                f"a block written in namespace {config.eic_kv_ns!r} is visible from namespace {other_ns!r}",
+                "this EIC does not separate namespaces: give each deployment its own "
+                "AIBRIX_KV_CACHE_OL_L2_CACHE_NAMESPACE so their keys differ",
+            )
+        if seen_there.whole_call_failed:  # real clusters only know provisioned namespaces
+            how = f"not visible there (that namespace does not answer: {seen_there.detail})"
+        else:
+            how = "a miss there"
+        return PASS, f"namespace {config.eic_kv_ns!r} is isolated: the same EIC key asked for in {other_ns!r} is {how}"
+
+    def check_ttl(self) -> tuple[str, str]:
+        if self.cfg.uses_embedded_engine:
+            return self._check_ttl_with_engine_clock()
+        return self._check_ttl_by_waiting()
+
+    def close_connector(self) -> tuple[str, str]:
+        for key in list(self.cleanup_keys):
+            self.run_op(self.conn.delete(key))
+        self.cleanup_keys.clear()
+        status = self.conn.close()
+        self.connector = None
+        if not status.is_ok():
+            raise StepFailed(str(status.value), "")
+        return PASS, "closed"
+
+    # ------------------------------------------------------------ helpers
+    def _engine_store(self):
+        from ..engine import get_store, parse_endpoint
+
+        name, _ = parse_endpoint(self.cfg.endpoint)
+        return get_store(name)
+
+    def _expect_ok(self, op: str, status) -> None:
+        if status.is_ok():
+            return
+        message = f"{op} returned {status.error_code.name}"
+        if status.value is not None:
+            message += f": {status.value}"
+        health = self.conn.health()
+        if health["breaker"] == "open":
+            message += f" (circuit open: {health['breaker_reason']})"
+        raise StepFailed(message, what_to_fix(self.config, message))
+
+    def _check_ttl_with_engine_clock(self) -> tuple[str, str]:
+        """Move the embedded store's clock instead of waiting."""
+        store = self._engine_store()
+        ttl = self.cfg.eic_kv_ttl
+        key = os.urandom(16)
+        self.cleanup_keys.add(key)
+        self._expect_ok("put", self.run_op(self.conn.put(key, self.regions[0])))
+        # A second key with a 1 s TTL, so expiry is exercised even when the
+        # config never expires anything.
+        short_client, short_key = self._put_ttl_probe()
+        real_clock = store.clock
+        shift = ttl + 1 if ttl > 0 else NEVER_EXPIRES_PROBE_S
+        store.clock = lambda: real_clock() + shift
+        try:
+            configured = self.run_op(self.conn.exists(key))
+            probe = short_client.mexist([short_key])
+        finally:
+            store.clock = real_clock
+        short_client.mdel([short_key])
+        if probe.outcomes == [HIT]:
+            raise StepFailed(
+                "a key put with ttl_second=1 is still there after its TTL", "the engine ignores TTLs; report it"
+            )
+        if ttl > 0:
+            if configured.is_ok():
+                raise StepFailed(f"a block is still there {shift} s after put with eic_kv_ttl {ttl}", "report it")
+            return PASS, f"blocks expire after eic_kv_ttl={ttl} s (checked on the engine's clock)"
+        if not configured.is_ok():
+            raise StepFailed(
+                f"with eic_kv_ttl -1 a block expired within {shift // 86400} days", "report it"
+            )
+        return PASS, "eic_kv_ttl -1: blocks never expire (checked 30 days ahead); a 1 s TTL expires"
+
+    def _put_ttl_probe(self):
+        """A client whose sets carry ttl_second=1, and a key it just stored."""
+        short_client, error = SdkClient.connect(self.sdk, dataclasses.replace(self.cfg, eic_kv_ttl=1))
+        if short_client is None:
+            raise StepFailed(error, what_to_fix(self.config, error))
+        short_key = f"{self.conn.conn_id}.ttl-probe.{os.urandom(8).hex()}"
+        region = self.regions[0]
+        stored = short_client.mset([short_key], [(region.data_ptr(), region.length, False)])
+        if stored.outcomes != [HIT]:
+            raise StepFailed(f"mset with ttl_second=1 failed: {stored.detail}", what_to_fix(self.config, stored.detail))
+        return short_client, short_key
+
+    def _check_ttl_by_waiting(self) -> tuple[str, str]:
+        """A real cluster: put a key with a 1 s TTL and wait for it to go."""
+        ttl = self.cfg.eic_kv_ttl
+        configured = f"eic_kv_ttl={ttl} s" if ttl > 0 else "eic_kv_ttl -1 (blocks never expire; EIC evicts by capacity)"
+        short_client, short_key = self._put_ttl_probe()
+        deadline = time.monotonic() + TTL_PROBE_WAIT_S
+        while time.monotonic() < deadline:
+            time.sleep(0.25)
+            if short_client.mexist([short_key]).outcomes != [HIT]:
+                return PASS, f"{configured}; a key put with a 1 s TTL expired"
+        short_client.mdel([short_key])
+        return WARN, f"{configured}; a key put with a 1 s TTL was still there after {TTL_PROBE_WAIT_S:g} s (EIC may expire lazily)"
