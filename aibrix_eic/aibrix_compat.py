@@ -174,5 +174,5 @@ def order_timeouts(environ=os.environ) -> bool:
         return True
     if environ.get(DISABLE_TIMEOUT_ORDERING_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
         return False
-    module.asyncio = _AsyncioWithOrderedTimeouts()
+    setattr(module, "asyncio", _AsyncioWithOrderedTimeouts())  # noqa: B010  (the module's own global)
     return True

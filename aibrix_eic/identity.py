@@ -100,8 +100,8 @@ def vllm_kv_factors(vllm_config: Any) -> list[tuple[str, str]]:
     """(name, value) of every vLLM setting that changes the KV bytes of a
     token sequence, in a fixed order. A value vLLM cannot give becomes
     "<unavailable>", which can only split deployments, never merge them."""
-    model = getattr(vllm_config, "model_config", None)
-    cache = getattr(vllm_config, "cache_config", None)
+    model: Any = getattr(vllm_config, "model_config", None)
+    cache: Any = getattr(vllm_config, "cache_config", None)  # read lazily: None becomes "<unavailable>"
     if model is None:  # a config without a model says nothing about the KV
         return []
     readers: list[tuple[str, Callable[[], Any]]] = [

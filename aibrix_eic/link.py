@@ -136,6 +136,8 @@ class Link:
         return message
 
     def _connect(self) -> tuple[Session | None, str]:
+        if self._module is None:  # the config named no usable SDK; open() refuses before this
+            return None, "no EIC SDK module"
         client, error = SdkClient.connect(self._module, self._config)
         if client is None:
             return None, error
@@ -190,7 +192,7 @@ class Link:
         except Exception as e:
             logger.warning("EIC warm-up skipped: %r", e)
             return
-        if not finished:
+        if not finished or result is None:
             logger.warning("EIC warm-up did not finish within warmup_timeout_ms=%s", self._config.warmup_timeout_ms)
             return
         logger.info(

@@ -10,7 +10,9 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -30,10 +32,10 @@ class Deadline:
         return time.monotonic() >= self.at
 
 
-def call_with_timeout(fn: Callable[[], object], timeout_s: float, name: str) -> tuple[bool, object]:
+def call_with_timeout(fn: Callable[[], T], timeout_s: float, name: str) -> tuple[bool, T | None]:
     """Run fn on a fresh daemon thread; (finished, result). A call that hangs
     is abandoned, so a stuck SDK cannot stall the caller or a shared pool."""
-    box: list = []
+    box: list[T] = []
     thread = threading.Thread(target=lambda: box.append(fn()), name=name, daemon=True)
     thread.start()
     thread.join(timeout_s)

@@ -25,8 +25,8 @@ def load_upstream_connector_class(sdk_module: ModuleType | None = None) -> type:
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load the upstream EIC connector from {path}")
     module = importlib.util.module_from_spec(spec)
-    saved = sys.modules.get("eic")
-    sys.modules["eic"] = sdk_module
+    saved: ModuleType | None = sys.modules.get("eic")
+    sys.modules["eic"] = sdk_module  # type: ignore[assignment]
     try:
         spec.loader.exec_module(module)
     finally:

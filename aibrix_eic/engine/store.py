@@ -332,8 +332,8 @@ class Store:
             if victim.pins:
                 continue  # freed by its last reader
             if nbytes and victim.nbytes == nbytes:
-                buf, victim.buf = victim.buf, None
+                buf, victim.buf = victim.buf, None  # type: ignore[assignment]
                 return buf, victim.addr
-            victim.buf = None
+            victim.buf = None  # type: ignore[assignment]
             self._held_bytes -= victim.nbytes
         return None
