@@ -323,7 +323,7 @@ def test_values_outside_their_bounds_name_the_key_and_the_bound(tmp_path, line, 
 
 
 def test_values_at_their_bounds_are_accepted(tmp_path):
-    from aibrix_eic.config import BOUNDS
+    from aibrix_eic.config_values import BOUNDS
 
     lines = ["remote_url: local://"]
     for key, (low, high) in BOUNDS.items():
@@ -343,7 +343,7 @@ def test_values_at_their_bounds_are_accepted(tmp_path):
 def test_every_number_key_has_its_bound_in_the_docs():
     from pathlib import Path
 
-    from aibrix_eic.config import BOUNDS, bound_text
+    from aibrix_eic.config_values import BOUNDS, bound_text
 
     docs = (Path(__file__).parent.parent / "docs" / "config.md").read_text()
     for key in BOUNDS:
