@@ -14,10 +14,11 @@ TORCH_PIN ?= torch==2.13.0
 # tree's). Rebuilt only when the pins change (a stamp named by their hash).
 E2E_VENV ?= .venv-e2e
 E2E_PY := $(E2E_VENV)/bin/python
-E2E_PIP := $(E2E_PY) -m pip install --disable-pip-version-check -q
+# -qq: errors only (this machine's pip config warns about every package)
+E2E_PIP := $(E2E_PY) -m pip install --disable-pip-version-check -qq
 E2E_REQS := tests/e2e/requirements.txt tests/e2e/requirements-nodeps.txt
 
-.PHONY: setup test bench check clean e2e-setup e2e
+.PHONY: setup test bench check clean e2e-setup e2e e2e-bench
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -52,6 +53,10 @@ e2e-setup:
 # tests/e2e has its own pytest.ini; `make test` never collects it.
 e2e: e2e-setup
 	cd tests/e2e && ../../$(E2E_PY) -m pytest $(E2E_ARGS)
+
+# TTFT in a real server (docs/performance.md); not run by CI, about 6 min.
+e2e-bench: e2e-setup
+	$(E2E_PY) benchmarks/e2e_ttft.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(E2E_VENV) .pytest_cache .hypothesis build/e2e
