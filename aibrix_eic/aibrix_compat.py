@@ -32,7 +32,10 @@ from concurrent.futures import CancelledError, Future
 import numpy as np
 import torch
 from aibrix_kvcache import TokenListView
-from aibrix_kvcache.memory import ManagedMemoryRegion
+from aibrix_kvcache.memory import ManagedMemoryRegion, MemoryRegion
+from aibrix_kvcache.status import Status, StatusCodes
+
+from .outcomes import close_after
 
 from .request_guard import CURRENT_GUARD, RequestGuard
 
@@ -107,6 +110,30 @@ def tokens_belong(loaded: np.ndarray, key: bytes, previous: np.ndarray | None) -
     if previous is not None and (len(loaded) <= len(previous) or not np.array_equal(loaded[: len(previous)], previous)):
         return False
     return True
+
+
+def restore_tokens(keys, mrs: "list[MemoryRegion]", statuses: list[Status], loaded: int) -> int:
+    """After a get in the token-validation layout: hand L2Cache correctly
+    parsed tokens, and end the loaded prefix at a block without a well-formed
+    footer or whose tokens are not the ones asked for (L2Cache skips such a
+    block but counts the ones after it). Returns the new prefix length."""
+    previous = None
+    for i in range(loaded):
+        mr = mrs[i]
+        if not isinstance(mr, ManagedMemoryRegion):
+            continue
+        block_tokens = restore_packed_tokens(mr)
+        if block_tokens is None:
+            reason = "stored value has no valid token footer"
+        elif not tokens_belong(block_tokens, keys[i], previous):
+            reason = "stored tokens are not this request's (another sequence's block)"
+        else:
+            previous = block_tokens
+            continue
+        statuses[i] = Status(StatusCodes.NOT_FOUND, f"block {i}: {reason}")
+        close_after(statuses, i)
+        return i
+    return loaded
 
 
 class _OrderedTimeoutFuture:

@@ -86,3 +86,21 @@ class BlockChecker:
                 )
             buffers.append((addr, nbytes, registered and mark_registered))
         return buffers
+
+
+def slab_regions(slabs: Sequence[Any]) -> tuple[list[tuple[int, int]], int | None]:
+    """(addr, nbytes) of each slab given to register_slabs, and the CUDA
+    device they live on (None for host memory)."""
+    import torch
+
+    if not slabs:
+        raise InvalidRequest("no slabs given")
+    regions = []
+    for i, slab in enumerate(slabs):
+        if not isinstance(slab, torch.Tensor):
+            raise InvalidRequest(f"slabs[{i}] is a {type(slab).__name__}, expected a torch.Tensor")
+        nbytes = slab.numel() * slab.element_size()
+        if nbytes <= 0:
+            raise InvalidRequest(f"slabs[{i}] is empty")
+        regions.append((slab.data_ptr(), nbytes))
+    return regions, (slabs[0].device.index if slabs[0].is_cuda else None)

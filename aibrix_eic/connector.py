@@ -27,22 +27,22 @@ from typing import Any, List, Sequence, Tuple
 
 import torch
 from aibrix_kvcache.l2.connectors import Connector, ConnectorFeature
-from aibrix_kvcache.memory import ManagedMemoryRegion, MemoryRegion
+from aibrix_kvcache.memory import MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes
 
-from .aibrix_compat import order_timeouts, restore_packed_tokens, tokens_belong, with_tokens
-from .checks import BlockChecker, InvalidRequest, check_keys, check_lengths
+from .aibrix_compat import order_timeouts, restore_tokens, with_tokens
+from .checks import BlockChecker, InvalidRequest, check_keys, check_lengths, slab_regions
 from .codec import KeyCodec
 from .config import ENV_CONFIG, ENV_CONFIG_UPSTREAM, ConfigError, EICConfig, config_path_from_env
 from .counters import Counters, unloaded_reasons
 from .dispatch import DELETE, GET, PUT, Chunk, Dispatcher
 from .exists_batch import ExistsBatcher
-from .identity import ModelIdentity, resolve_identity
+from .identity import ModelIdentity, announce, resolve_identity
 from .link import Link, Session
 from . import live
 from .logs import RateLimitedLogger
 from .metrics import DELETE_SKIPPED, FAST_MISS, PUT_SKIPPED, for_connector
-from .outcomes import NOT_FOUND, OK, close_after, key_statuses, put_outcome
+from .outcomes import OK, close_after, key_statuses, put_outcome
 from .request_guard import hold, release
 from .resilience import CircuitBreaker
 from .sdk import load_sdk_module
@@ -50,8 +50,6 @@ from .write_behind import WriteBehind
 
 logger = logging.getLogger(__name__)
 
-# What requests get while the circuit is open (metrics.py tells them apart).
-_PUT_SKIPPED, _DELETE_SKIPPED = PUT_SKIPPED, DELETE_SKIPPED
 # The requests the metrics count, by their name there; get() and put() go
 # through mget() and mput(), so each request is counted once.
 _METRIC_OPS = {"mget": "get", "mput": "put", "exists": "exists", "delete": "delete"}
@@ -233,23 +231,10 @@ class EICConnector(Connector[bytes, torch.Tensor]):
                     self._config.eic_thread_num,
                     self._link.session is not None,
                 )
-                self._warn_if_model_unidentified()
+                announce(self._identity, self._config)
             return status
         except Exception as e:
             return Status(StatusCodes.ERROR, f"EIC open failed: {e!r}")
-
-    def _warn_if_model_unidentified(self) -> None:
-        if self._identity.known:
-            logger.info("EIC keys carry model identity %s", self._identity.describe())
-            return
-        logger.warning(
-            "EIC keys carry NO MODEL IDENTITY: %s sets no model_id and no vLLM config is visible. "
-            "Deployments sharing this EIC (%s, namespace %r) with the same layer and head ranges "
-            "will read each other's KV as their own. Set model_id in the EIC YAML (docs/config.md).",
-            self._config.source,
-            self._config.remote_url,
-            self._config.eic_kv_ns,
-        )
 
     def close(self) -> Status:
         """Drop the client and the registrations. Idempotent."""
@@ -273,20 +258,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         try:
             if self._config_error is not None:
                 return Status(StatusCodes.INVALID, str(self._config_error))
-            if not slabs:
-                return Status(StatusCodes.INVALID, "register_slabs: no slabs given")
-            regions = []
-            for i, slab in enumerate(slabs):
-                if not isinstance(slab, torch.Tensor):
-                    return Status(
-                        StatusCodes.INVALID,
-                        f"register_slabs: slabs[{i}] is a {type(slab).__name__}, expected a torch.Tensor",
-                    )
-                nbytes = slab.numel() * slab.element_size()
-                if nbytes <= 0:
-                    return Status(StatusCodes.INVALID, f"register_slabs: slabs[{i}] is empty")
-                regions.append((slab.data_ptr(), nbytes))
-            cuda_device = slabs[0].device.index if slabs[0].is_cuda else None
+            regions, cuda_device = slab_regions(slabs)
             nbytes, error = self._link.register(regions, cuda_device)
             self._metrics.registered(sum(n for _, n in self._link.regions.all()))
             if error and self._config.require_registration:
@@ -294,6 +266,8 @@ class EICConnector(Connector[bytes, torch.Tensor]):
             if nbytes:
                 logger.info("EIC registered %d slabs (%d bytes)", len(regions), nbytes)
             return OK
+        except InvalidRequest as e:
+            return Status(StatusCodes.INVALID, f"register_slabs: {e}")
         except Exception as e:
             return Status(StatusCodes.ERROR, f"register_slabs failed: {e!r}")
 
@@ -364,7 +338,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         if self._write_behind.active:  # accepted writes not yet in EIC are read from their regions
             self._blocks.buffers(mrs, False)  # INVALID names the caller's index, not a sub-request's
             return await self._write_behind.mget(
-                self._encode_keys(keys), keys, mrs, self._mget_from_eic, self._restore_tokens
+                self._encode_keys(keys), keys, mrs, self._mget_from_eic, restore_tokens
             )
         return await self._mget_from_eic(keys, mrs)
 
@@ -380,35 +354,11 @@ class EICConnector(Connector[bytes, torch.Tensor]):
             statuses, loaded = key_statuses(chunks, "get", timeout_ms)
             close_after(statuses, loaded)
             if loaded and not MemoryRegion.use_compact_layout():
-                loaded = self._restore_tokens(keys, mrs, statuses, loaded)
+                loaded = restore_tokens(keys, mrs, statuses, loaded)
         finally:
             release(mrs)
         self._counters.add(gets=1, get_blocks=len(keys), get_hits=loaded, **unloaded_reasons(chunks))
         return statuses
-
-    @staticmethod
-    def _restore_tokens(keys: Sequence[bytes], mrs: Sequence[MemoryRegion], statuses: list[Status], loaded: int) -> int:
-        """Token-validation layout: hand L2Cache correctly parsed tokens (see
-        aibrix_compat). The prefix ends at a block without a well-formed
-        footer, or whose tokens are not the ones asked for: L2Cache skips
-        such a block but counts the ones after it."""
-        previous = None
-        for i in range(loaded):
-            mr = mrs[i]
-            if not isinstance(mr, ManagedMemoryRegion):
-                continue
-            block_tokens = restore_packed_tokens(mr)
-            if block_tokens is None:
-                reason = "stored value has no valid token footer"
-            elif not tokens_belong(block_tokens, keys[i], previous):
-                reason = "stored tokens are not this request's (another sequence's block)"
-            else:
-                previous = block_tokens
-                continue
-            statuses[i] = Status(StatusCodes.NOT_FOUND, f"block {i}: {reason}")
-            close_after(statuses, i)
-            return i
-        return loaded
 
     @_never_raises("get")
     async def get(self, key: bytes, mr: MemoryRegion) -> Status:
@@ -441,7 +391,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         check_lengths(keys, mrs)
         session = self._live_session()
         if session is None:
-            return _PUT_SKIPPED  # nothing is queued while the circuit is open
+            return PUT_SKIPPED  # nothing is queued while the circuit is open
         if self._write_behind.enabled:
             buffers = self._blocks.buffers(mrs, True)  # the flusher applies the session's registration
             return await self._write_behind.mput(self._encode_keys(keys), buffers, mrs)
@@ -469,7 +419,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         eic_keys = self._encode_keys([key])
         session = self._live_session()
         if session is None:
-            return _DELETE_SKIPPED
+            return DELETE_SKIPPED
         if self._write_behind.enabled:  # ordered after a write of the key in flight
             self._counters.add(deletes=1)
             return await self._write_behind.delete(eic_keys[0], session)

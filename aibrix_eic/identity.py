@@ -22,10 +22,13 @@ here: only a vLLM that the process already loaded is asked.
 import base64
 import hashlib
 import json
+import logging
 import re
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
+
+logger = logging.getLogger(__name__)
 
 DIGEST_BYTES = 8  # a collision needs ~2**32 distinct models
 # base64url: 11 characters, all in the codec's unescaped set. Hex would take
@@ -82,6 +85,21 @@ def resolve_identity(model_id: str | None, vllm_config: Any = _UNSET) -> ModelId
             digest.update(len(data).to_bytes(4, "big") + data)
     token = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii")
     return ModelIdentity(token, model_id, factors)
+
+
+def announce(identity: ModelIdentity, config: Any) -> None:
+    """Say at open() which model the keys belong to, loudly when none."""
+    if identity.known:
+        logger.info("EIC keys carry model identity %s", identity.describe())
+        return
+    logger.warning(
+        "EIC keys carry NO MODEL IDENTITY: %s sets no model_id and no vLLM config is visible. "
+        "Deployments sharing this EIC (%s, namespace %r) with the same layer and head ranges "
+        "will read each other's KV as their own. Set model_id in the EIC YAML (docs/config.md).",
+        config.source,
+        config.remote_url,
+        config.eic_kv_ns,
+    )
 
 
 def current_vllm_config() -> Any:
