@@ -8,6 +8,7 @@ what was expected.
 
 import dataclasses
 import difflib
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -15,6 +16,8 @@ from typing import Any, Mapping
 import yaml
 
 from .config_values import KEY_CHECKS, ConfigError
+
+logger = logging.getLogger(__name__)
 
 ENV_CONFIG = "AIBRIX_KV_CACHE_OL_EIC_CONFIG"
 ENV_CONFIG_UPSTREAM = "AIBRIX_KV_CACHE_OL_EIC_CONFIG_FILE"
@@ -199,6 +202,22 @@ def config_path_from_env(environ: Mapping[str, str] | None = None) -> str:
     """The config path from our variable, else the upstream one, else ""."""
     env = os.environ if environ is None else environ
     return (env.get(ENV_CONFIG) or env.get(ENV_CONFIG_UPSTREAM) or "").strip()
+
+
+def warn_about_env(environ: Mapping[str, str] | None = None) -> None:
+    """Say which config the connector will read when that may surprise: both
+    variables set to different files, or neither (the embedded engine)."""
+    env = os.environ if environ is None else environ
+    ours, theirs = env.get(ENV_CONFIG), env.get(ENV_CONFIG_UPSTREAM)
+    if ours and theirs and ours != theirs:
+        logger.warning("%s=%s and %s=%s differ; using %s", ENV_CONFIG, ours, ENV_CONFIG_UPSTREAM, theirs, ours)
+    if not config_path_from_env(env):
+        logger.warning(
+            "Neither %s nor %s is set: the EIC connector runs on the embedded engine "
+            "(local://) with default settings; cached KV lives in this process only",
+            ENV_CONFIG,
+            ENV_CONFIG_UPSTREAM,
+        )
 
 
 def _unknown_key_hint(key: str, known: set[str]) -> str:

@@ -17,11 +17,7 @@ pools) -> outcomes -> Status list. What it guarantees, and why:
   breaker that turns a down EIC into fast misses until a probe sees it back.
 """
 
-import asyncio
-import functools
 import logging
-import os
-import time
 from concurrent.futures import Executor
 from typing import Any, List, Sequence, Tuple
 
@@ -31,9 +27,10 @@ from aibrix_kvcache.memory import MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes
 
 from .aibrix_compat import order_timeouts, restore_tokens, with_tokens
+from .answers import never_raises
 from .checks import BlockChecker, InvalidRequest, check_keys, check_lengths, slab_regions
 from .codec import KeyCodec
-from .config import ENV_CONFIG, ENV_CONFIG_UPSTREAM, ConfigError, EICConfig, config_path_from_env
+from .config import ConfigError, EICConfig, warn_about_env
 from .counters import Counters, unloaded_reasons
 from .dispatch import DELETE, GET, PUT, Chunk, Dispatcher
 from .exists_batch import ExistsBatcher
@@ -49,48 +46,6 @@ from .sdk import load_sdk_module
 from .write_behind import WriteBehind
 
 logger = logging.getLogger(__name__)
-
-# The requests the metrics count, by their name there; get() and put() go
-# through mget() and mput(), so each request is counted once.
-_METRIC_OPS = {"mget": "get", "mput": "put", "exists": "exists", "delete": "delete"}
-
-
-def _never_raises(op: str):
-    """Turn any exception of an async op into an ERROR Status, and count
-    the request in the metrics."""
-    metric_op = _METRIC_OPS.get(op)
-
-    def decorate(method):
-        @functools.wraps(method)
-        async def wrapper(self: "EICConnector", *args, **kwargs):
-            counted_by_batcher = metric_op == "exists"  # in bulk, per mexist round
-            # exists is timed per mexist round too: no clock read per key.
-            started = time.perf_counter() if metric_op is not None and not counted_by_batcher else 0.0
-            try:
-                result = await method(self, *args, **kwargs)
-            except asyncio.CancelledError:
-                raise
-            except InvalidRequest as e:
-                self._counters.add(invalid=1)
-                result = Status(StatusCodes.INVALID, f"{op}: {e}")
-                counted_by_batcher = False
-            except BaseException as e:  # AssertionError too: nothing escapes
-                self._rate_log.log(f"{op}-internal", logging.ERROR, "EIC %s failed internally: %r", op, e)
-                result = Status(StatusCodes.ERROR, f"{op} failed internally: {e!r}")
-                counted_by_batcher = False
-            if counted_by_batcher and (result is FAST_MISS or result.error_code is StatusCodes.INVALID):
-                counted_by_batcher = False  # answered before the batcher: fast failure, refusal
-            if metric_op is not None and not counted_by_batcher:
-                try:
-                    self._metrics.record_request(metric_op, result, args, time.perf_counter() - started)
-                except Exception as e:  # metrics never cost a request its answer
-                    self._rate_log.log("metrics", logging.WARNING, "EIC metrics failed: %r", e)
-            return result
-
-        return wrapper
-
-    return decorate
-
 
 class EICConnector(Connector[bytes, torch.Tensor]):
     """AIBrix L2 connector for EIC (or the embedded engine)."""
@@ -134,16 +89,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         upstream AIBRIX_KV_CACHE_OL_EIC_CONFIG_FILE). A bad config does not
         raise here: open() returns INVALID with the message."""
         order_timeouts()  # AIBrix's cache manager is loaded: it is building us
-        ours, theirs = os.environ.get(ENV_CONFIG), os.environ.get(ENV_CONFIG_UPSTREAM)
-        if ours and theirs and ours != theirs:
-            logger.warning("%s=%s and %s=%s differ; using %s", ENV_CONFIG, ours, ENV_CONFIG_UPSTREAM, theirs, ours)
-        if not config_path_from_env():
-            logger.warning(
-                "Neither %s nor %s is set: the EIC connector runs on the embedded engine "
-                "(local://) with default settings; cached KV lives in this process only",
-                ENV_CONFIG,
-                ENV_CONFIG_UPSTREAM,
-            )
+        warn_about_env()
         try:
             config = EICConfig.from_env()
         except ConfigError as e:
@@ -329,7 +275,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         return [pairs] if pairs else []
 
     # ------------------------------------------------------------- reading
-    @_never_raises("mget")
+    @never_raises("mget")
     async def mget(self, keys: Sequence[bytes], mrs: Sequence[MemoryRegion]) -> Sequence[Status] | Status:
         refusal = self._refusal()
         if refusal is not None:
@@ -360,12 +306,12 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         self._counters.add(gets=1, get_blocks=len(keys), get_hits=loaded, **unloaded_reasons(chunks))
         return statuses
 
-    @_never_raises("get")
+    @never_raises("get")
     async def get(self, key: bytes, mr: MemoryRegion) -> Status:
         statuses = await self.mget([key], [mr])
         return statuses if isinstance(statuses, Status) else statuses[0]
 
-    @_never_raises("exists")
+    @never_raises("exists")
     async def exists(self, key: bytes) -> Status:
         """Concurrent exists() calls of one event-loop tick share one mexist
         (L2Cache issues up to op_batch of them at once)."""
@@ -383,7 +329,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         return await self._exists.exists(eic_key)
 
     # ------------------------------------------------------------- writing
-    @_never_raises("mput")
+    @never_raises("mput")
     async def mput(self, keys: Sequence[bytes], mrs: Sequence[MemoryRegion]) -> Sequence[Status] | Status:
         refusal = self._refusal()
         if refusal is not None:
@@ -406,12 +352,12 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         self._counters.add(puts=1, put_blocks=len(keys), put_failures=len(keys) - stored)
         return result
 
-    @_never_raises("put")
+    @never_raises("put")
     async def put(self, key: bytes, mr: MemoryRegion) -> Status:
         statuses = await self.mput([key], [mr])
         return statuses if isinstance(statuses, Status) else statuses[0]
 
-    @_never_raises("delete")
+    @never_raises("delete")
     async def delete(self, key: bytes) -> Status:
         refusal = self._refusal()
         if refusal is not None:
