@@ -7,6 +7,7 @@ stay under build/e2e/runs/<time>/<server>/ for inspection after a failure.
 
 import atexit
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -128,6 +129,4 @@ VLLM_PREFIX = r"^\((?P<proc>Worker(?:_TP\d+)?) pid=(?P<pid>\d+)\) (?P<level>[A-Z
 
 
 def open_line(remote_url: str) -> str:
-    import re
-
     return VLLM_PREFIX + rf"EIC connector open: remote_url={re.escape(remote_url)} ns='' conn_id=(?P<conn_id>\S+)"
