@@ -28,19 +28,19 @@ from aibrix_kvcache.status import Status, StatusCodes
 
 from .aibrix_compat import order_timeouts, restore_tokens, with_tokens
 from .answers import never_raises
-from .checks import BlockChecker, InvalidRequest, check_keys, check_lengths, slab_regions
+from .checks import BlockChecker, InvalidRequest, check_lengths, slab_regions
 from .codec import KeyCodec
 from .config import ConfigError, EICConfig, warn_about_env
-from .counters import Counters, unloaded_reasons
-from .dispatch import DELETE, GET, PUT, Chunk, Dispatcher
+from .counters import Counters
+from .direct import DirectRequests
+from .dispatch import Dispatcher
 from .exists_batch import ExistsBatcher
 from .identity import ModelIdentity, announce, resolve_identity
-from .link import Link, Session
+from .link import Link
 from . import live
 from .logs import RateLimitedLogger
 from .metrics import DELETE_SKIPPED, FAST_MISS, PUT_SKIPPED, for_connector
-from .outcomes import OK, close_after, key_statuses, put_outcome
-from .request_guard import hold, release
+from .outcomes import OK
 from .resilience import CircuitBreaker
 from .sdk import load_sdk_module
 from .write_behind import WriteBehind
@@ -81,6 +81,9 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         self._dispatcher = Dispatcher(self._config, self._link, self._counters, self._rate_log)
         self._exists = ExistsBatcher(self._config, self._link, self._counters, self._rate_log)
         self._write_behind = WriteBehind(self._config, self._link, self._dispatcher, self._counters, self._rate_log)
+        self._direct = DirectRequests(
+            self._config, self._link, self._codec, self._blocks, self._dispatcher, self._counters
+        )
 
     # ------------------------------------------------------------ factory
     @classmethod
@@ -226,31 +229,6 @@ class EICConnector(Connector[bytes, torch.Tensor]):
             return Status(StatusCodes.INVALID, "the EIC connector is closed (call open() first)")
         return None
 
-    def _encode_keys(self, keys: Sequence[Any]) -> list[str]:
-        check_keys(keys)
-        return self._codec.encode_many(keys)
-
-    def _live_session(self) -> Session | None:
-        """The session requests use, or None while the circuit is open. This
-        check is the whole cost of a request while EIC is down."""
-        session = self._link.session
-        if self._link.breaker.tripped or session is None:
-            self._counters.add(fast_fails=1)
-            return None
-        return session
-
-    def _held_chunks(self, session: Session, keys: Sequence[Any], mrs: Sequence[Any], op: str) -> list[Chunk] | Status:
-        """Check the request, then take the request's references on its
-        regions (released by the caller) and split it into SDK calls; a
-        Status when the regions may not be touched."""
-        mark_registered = session.registration_ok and (self._config.put_registered or op != "mput")
-        buffers = self._blocks.buffers(mrs, mark_registered)
-        eic_keys = self._encode_keys(keys)
-        refused = hold(mrs, op)
-        if refused is not None:
-            return refused
-        return self._dispatcher.chunks(eic_keys, buffers, mrs)
-
     # ------------------------------------------------------------ batching
     def get_batches(
         self,
@@ -284,27 +262,9 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         if self._write_behind.active:  # accepted writes not yet in EIC are read from their regions
             self._blocks.buffers(mrs, False)  # INVALID names the caller's index, not a sub-request's
             return await self._write_behind.mget(
-                self._encode_keys(keys), keys, mrs, self._mget_from_eic, restore_tokens
+                self._direct.encode_keys(keys), keys, mrs, self._direct.mget, restore_tokens
             )
-        return await self._mget_from_eic(keys, mrs)
-
-    async def _mget_from_eic(self, keys: Sequence[bytes], mrs: Sequence[MemoryRegion]) -> Sequence[Status] | Status:
-        session = self._live_session()
-        if session is None:
-            return [FAST_MISS] * len(keys)
-        chunks = self._held_chunks(session, keys, mrs, "mget")
-        if isinstance(chunks, Status):
-            return chunks
-        try:
-            timeout_ms = await self._dispatcher.run(GET, session.client, chunks)
-            statuses, loaded = key_statuses(chunks, "get", timeout_ms)
-            close_after(statuses, loaded)
-            if loaded and not MemoryRegion.use_compact_layout():
-                loaded = restore_tokens(keys, mrs, statuses, loaded)
-        finally:
-            release(mrs)
-        self._counters.add(gets=1, get_blocks=len(keys), get_hits=loaded, **unloaded_reasons(chunks))
-        return statuses
+        return await self._direct.mget(keys, mrs)
 
     @never_raises("get")
     async def get(self, key: bytes, mr: MemoryRegion) -> Status:
@@ -318,13 +278,13 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         refusal = self._refusal()
         if refusal is not None:
             return refusal
-        eic_key = self._encode_keys([key])[0]
+        eic_key = self._direct.encode_keys([key])[0]
         if self._write_behind.active:
             known = self._write_behind.exists(eic_key)
             if known is not None:  # answered without the batcher: count it here
                 self._metrics.count_requests("exists", "hit" if known.is_ok() else "miss", 1)
                 return known
-        if self._live_session() is None:
+        if self._direct.live_session() is None:
             return FAST_MISS
         return await self._exists.exists(eic_key)
 
@@ -335,22 +295,13 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         if refusal is not None:
             return refusal
         check_lengths(keys, mrs)
-        session = self._live_session()
+        session = self._direct.live_session()
         if session is None:
             return PUT_SKIPPED  # nothing is queued while the circuit is open
         if self._write_behind.enabled:
             buffers = self._blocks.buffers(mrs, True)  # the flusher applies the session's registration
-            return await self._write_behind.mput(self._encode_keys(keys), buffers, mrs)
-        chunks = self._held_chunks(session, keys, mrs, "mput")
-        if isinstance(chunks, Status):
-            return chunks
-        try:
-            timeout_ms = await self._dispatcher.run(PUT, session.client, chunks)
-        finally:
-            release(mrs)
-        result, stored = put_outcome(*key_statuses(chunks, "put", timeout_ms))
-        self._counters.add(puts=1, put_blocks=len(keys), put_failures=len(keys) - stored)
-        return result
+            return await self._write_behind.mput(self._direct.encode_keys(keys), buffers, mrs)
+        return await self._direct.mput(session, keys, mrs)
 
     @never_raises("put")
     async def put(self, key: bytes, mr: MemoryRegion) -> Status:
@@ -362,14 +313,11 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         refusal = self._refusal()
         if refusal is not None:
             return refusal
-        eic_keys = self._encode_keys([key])
-        session = self._live_session()
+        eic_keys = self._direct.encode_keys([key])
+        session = self._direct.live_session()
         if session is None:
             return DELETE_SKIPPED
         if self._write_behind.enabled:  # ordered after a write of the key in flight
             self._counters.add(deletes=1)
             return await self._write_behind.delete(eic_keys[0], session)
-        chunks = self._dispatcher.chunks(eic_keys, None, None)
-        timeout_ms = await self._dispatcher.run(DELETE, session.client, chunks)
-        self._counters.add(deletes=1)
-        return key_statuses(chunks, "delete", timeout_ms)[0][0]
+        return await self._direct.delete(session, eic_keys[0])

@@ -4,6 +4,7 @@ import pytest
 import torch
 from aibrix_kvcache.status import StatusCodes
 
+from aibrix_eic.codec import KeyCodec
 from connector_tools import ConnectorRig
 
 
@@ -109,6 +110,6 @@ def test_internal_errors_become_error_statuses(rig, monkeypatch):
     def broken(*args, **kwargs):
         raise AssertionError("boom")
 
-    monkeypatch.setattr(rig.conn, "_encode_keys", broken)
+    monkeypatch.setattr(KeyCodec, "encode_many", broken)
     status = rig.run(rig.conn.get(b"k", rig.blocks(1)[0]))
     assert status.is_error() and "boom" in str(status.value)

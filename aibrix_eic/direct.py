@@ -1,0 +1,93 @@
+"""Requests sent straight to EIC: the session check, the request's own
+references on its memory (request_guard), the SDK calls (dispatch) and the
+Statuses AIBrix sees (outcomes). The connector sends every request here,
+except those write-behind answers or queues.
+"""
+
+from typing import Any, Sequence
+
+from aibrix_kvcache.memory import MemoryRegion
+from aibrix_kvcache.status import Status
+
+from .aibrix_compat import restore_tokens
+from .checks import BlockChecker, check_keys
+from .codec import KeyCodec
+from .config import EICConfig
+from .counters import Counters, unloaded_reasons
+from .dispatch import DELETE, GET, PUT, Chunk, Dispatcher
+from .link import Link, Session
+from .metrics import FAST_MISS
+from .outcomes import close_after, key_statuses, put_outcome
+from .request_guard import hold, release
+
+
+class DirectRequests:
+    def __init__(self, config: EICConfig, link: Link, codec: KeyCodec, blocks: BlockChecker,
+                 dispatcher: Dispatcher, counters: Counters) -> None:  # fmt: skip
+        self._config = config
+        self._link = link
+        self._codec = codec
+        self._blocks = blocks
+        self._dispatcher = dispatcher
+        self._counters = counters
+
+    def encode_keys(self, keys: Sequence[Any]) -> list[str]:
+        check_keys(keys)
+        return self._codec.encode_many(keys)
+
+    def live_session(self) -> Session | None:
+        """The session requests use, or None while the circuit is open. This
+        check is the whole cost of a request while EIC is down."""
+        session = self._link.session
+        if self._link.breaker.tripped or session is None:
+            self._counters.add(fast_fails=1)
+            return None
+        return session
+
+    def _held_chunks(self, session: Session, keys: Sequence[Any], mrs: Sequence[Any], op: str) -> list[Chunk] | Status:
+        """Check the request, then take the request's references on its
+        regions (released by the caller) and split it into SDK calls; a
+        Status when the regions may not be touched."""
+        mark_registered = session.registration_ok and (self._config.put_registered or op != "mput")
+        buffers = self._blocks.buffers(mrs, mark_registered)
+        eic_keys = self.encode_keys(keys)
+        refused = hold(mrs, op)
+        if refused is not None:
+            return refused
+        return self._dispatcher.chunks(eic_keys, buffers, mrs)
+
+    async def mget(self, keys: Sequence[bytes], mrs: Sequence[MemoryRegion]) -> Sequence[Status] | Status:
+        session = self.live_session()
+        if session is None:
+            return [FAST_MISS] * len(keys)
+        chunks = self._held_chunks(session, keys, mrs, "mget")
+        if isinstance(chunks, Status):
+            return chunks
+        try:
+            timeout_ms = await self._dispatcher.run(GET, session.client, chunks)
+            statuses, loaded = key_statuses(chunks, "get", timeout_ms)
+            close_after(statuses, loaded)
+            if loaded and not MemoryRegion.use_compact_layout():
+                loaded = restore_tokens(keys, mrs, statuses, loaded)
+        finally:
+            release(mrs)
+        self._counters.add(gets=1, get_blocks=len(keys), get_hits=loaded, **unloaded_reasons(chunks))
+        return statuses
+
+    async def mput(self, session: Session, keys: Sequence[bytes], mrs: Sequence[MemoryRegion]) -> Sequence[Status] | Status:
+        chunks = self._held_chunks(session, keys, mrs, "mput")
+        if isinstance(chunks, Status):
+            return chunks
+        try:
+            timeout_ms = await self._dispatcher.run(PUT, session.client, chunks)
+        finally:
+            release(mrs)
+        result, stored = put_outcome(*key_statuses(chunks, "put", timeout_ms))
+        self._counters.add(puts=1, put_blocks=len(keys), put_failures=len(keys) - stored)
+        return result
+
+    async def delete(self, session: Session, eic_key: str) -> Status:
+        chunks = self._dispatcher.chunks([eic_key], None, None)
+        timeout_ms = await self._dispatcher.run(DELETE, session.client, chunks)
+        self._counters.add(deletes=1)
+        return key_statuses(chunks, "delete", timeout_ms)[0][0]
