@@ -22,7 +22,6 @@ per connector, so an update on the hot path is one lock and one add.
 import atexit
 import logging
 import os
-import re
 import threading
 import time
 import weakref
@@ -30,133 +29,32 @@ from concurrent.futures import Future
 from typing import Any, Mapping, Sequence
 
 import prometheus_client
-from aibrix_kvcache.status import Status, StatusCodes
-from prometheus_client import Counter, Gauge, Histogram
+from aibrix_kvcache.status import Status
 
+from .metric_series import (
+    BLOCK_OUTCOMES,
+    DELETE_SKIPPED,
+    FAST_MISS,
+    LABELS,
+    MULTIPROC_ENV,
+    OPS,
+    PUT_SKIPPED,
+    REQUEST_OUTCOMES,
+    SAMPLE_INTERVAL_S,
+    families,
+    partition_of,
+    request_outcome,
+)
 from .sdk import HIT, MISS
 
+__all__ = [
+    "DELETE_SKIPPED", "FAST_MISS", "LABELS", "MULTIPROC_ENV", "NO_METRICS", "OPS", "PUT_SKIPPED",
+    "ConnectorMetrics", "NoMetrics", "exporter_port", "for_connector", "partition_of", "publish_all",
+    "request_outcome", "start_exporter",
+]  # fmt: skip
+
+
 logger = logging.getLogger(__name__)
-
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-LABELS = ("namespace", "model", "partition")
-OPS = ("get", "put", "exists", "delete")
-# Outcome of one request (one mget/mput/exists/delete call by AIBrix).
-REQUEST_OUTCOMES = {
-    "get": ("hit", "partial", "miss", "error", "timeout", "fast_fail", "invalid"),
-    "put": ("ok", "error", "timeout", "fast_fail", "invalid"),
-    "exists": ("hit", "miss", "error", "timeout", "fast_fail", "invalid"),
-    "delete": ("ok", "miss", "error", "timeout", "fast_fail", "invalid"),
-}
-# Outcome of each block of a get or put request.
-BLOCK_OUTCOMES = {
-    "get": ("hit", "miss", "error", "timeout", "fast_fail"),
-    "put": ("ok", "error", "fast_fail"),
-}
-# Request latency: from 0.25 ms (a hit on the embedded engine) to the
-# longest deadline a config allows in practice.
-LATENCY_BUCKETS = (
-    0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-)  # fmt: skip
-
-# What a request gets while the circuit is open (no SDK call is made): a
-# miss, or a skipped put or delete. Distinct objects, so the metrics can tell
-# a fast failure from a miss EIC reported.
-FAST_MISS = Status(StatusCodes.NOT_FOUND, "EIC circuit is open (EIC unavailable)")
-PUT_SKIPPED = Status(StatusCodes.ERROR, "put skipped: EIC circuit is open (EIC unavailable)")
-DELETE_SKIPPED = Status(StatusCodes.ERROR, "delete skipped: EIC circuit is open (EIC unavailable)")
-_CODE_OUTCOMES = {StatusCodes.NOT_FOUND: "miss", StatusCodes.TIMEOUT: "timeout", StatusCodes.INVALID: "invalid"}
-
-
-def _status_outcome(op: str, status: Status) -> str:
-    if status is FAST_MISS or status is PUT_SKIPPED or status is DELETE_SKIPPED:
-        return "fast_fail"
-    code = status.error_code
-    if code is StatusCodes.OK:
-        return "hit" if op in ("get", "exists") else "ok"
-    outcome = _CODE_OUTCOMES.get(code, "error")
-    return "error" if outcome == "miss" and op == "put" else outcome
-
-
-def request_outcome(op: str, result: Any) -> str:
-    """The outcome label of one request from what the connector returned:
-    a Status, or a list of them (prefix-closed for get)."""
-    if isinstance(result, Status):
-        return _status_outcome(op, result)
-    if not result:
-        return "hit" if op == "get" else "ok"
-    first = result[0]
-    if op == "get" and first.is_ok():
-        return "hit" if result[-1].is_ok() else "partial"
-    return _status_outcome(op, first)
-
-
-_PARTITION = re.compile(r"(?:^|_)(h\d+_\d+_l\d+_\d+)(?:_|$)")
-
-
-def partition_of(conn_id: str) -> str:
-    """The TP rank's part of AIBrix's conn_id (`{namespace}_h{first}_{last}
-    _l{first}_{last}_{signatures}`, aibrix_kvcache/l2/l2_cache.py): its kv
-    head and layer range. Other conn_ids are used whole."""
-    match = _PARTITION.search(conn_id)
-    return match.group(1) if match else conn_id
-
-
-class _Families:
-    """The metric families, created once per process (prometheus_client
-    refuses a second registration of a name)."""
-
-    def __init__(self) -> None:
-        self.requests = Counter(
-            "aibrix_eic_requests", "Requests AIBrix made of the connector, by operation and outcome.",
-            (*LABELS, "op", "outcome"),
-        )  # fmt: skip
-        self.blocks = Counter(
-            "aibrix_eic_blocks", "Blocks of get and put requests, by outcome (get: what AIBrix was told).",
-            (*LABELS, "op", "outcome"),
-        )  # fmt: skip
-        self.bytes = Counter(
-            "aibrix_eic_bytes", "Bytes of blocks read from EIC (in) and accepted for writing to it (out).",
-            (*LABELS, "direction"),
-        )  # fmt: skip
-        self.request_seconds = Histogram(
-            "aibrix_eic_request_seconds", "Latency of one request as AIBrix sees it, by operation.",
-            (*LABELS, "op"), buckets=LATENCY_BUCKETS,
-        )  # fmt: skip
-        self.retries = Counter("aibrix_eic_retries", "Keys re-sent after failing in transit.", LABELS)
-        self.timeouts = Counter(
-            "aibrix_eic_deadline_timeouts", "Requests (or exists rounds) whose deadline passed.", LABELS
-        )
-        self.breaker_open = Gauge(
-            "aibrix_eic_breaker_open", "1 while the circuit breaker is open (requests fail fast), else 0.",
-            LABELS, multiprocess_mode="mostrecent",
-        )  # fmt: skip
-        self.breaker_trips = Counter("aibrix_eic_breaker_trips", "Times the circuit breaker opened.", LABELS)
-        self.sdk_calls_in_flight = Gauge(
-            "aibrix_eic_sdk_calls_in_flight", f"SDK calls running (sampled every {SAMPLE_INTERVAL_S:g} s).",
-            LABELS, multiprocess_mode="livesum",
-        )  # fmt: skip
-        self.sdk_calls = Counter(
-            "aibrix_eic_sdk_calls", f"SDK calls made, by operation (published every {SAMPLE_INTERVAL_S:g} s).",
-            (*LABELS, "op"),
-        )  # fmt: skip
-        self.registered_bytes = Gauge(
-            "aibrix_eic_registered_bytes", "Bytes of memory registered with EIC for zero-copy transfers.",
-            LABELS, multiprocess_mode="mostrecent",
-        )  # fmt: skip
-
-
-_families: _Families | None = None
-_families_lock = threading.Lock()
-
-
-def families() -> _Families:
-    global _families
-    if _families is None:
-        with _families_lock:
-            if _families is None:
-                _families = _Families()
-    return _families
-
 
 class ConnectorMetrics:
     """One connector's series, bound to its labels."""
@@ -308,7 +206,6 @@ class ConnectorMetrics:
         self.publish()
 
 
-SAMPLE_INTERVAL_S = 1.0
 _sampled: "weakref.WeakSet[ConnectorMetrics]" = weakref.WeakSet()
 _sampler: threading.Thread | None = None
 _sampler_lock = threading.Lock()
