@@ -19,7 +19,8 @@ from typing import Callable, TextIO
 import torch
 
 from ..config import ENV_CONFIG, EICConfig, config_path_from_env
-from .check_steps import FAIL, PASS, SKIP, WARN, CheckSteps, StepFailed
+from .check_steps import FAIL, PASS, SKIP, WARN, StepFailed
+from .check_ttl import TtlSteps
 
 
 @dataclass
@@ -31,7 +32,7 @@ class StepResult:
     fix: str = ""
 
 
-class Checker(CheckSteps):
+class Checker(TtlSteps):
     """Runs the steps in order; after a failure the rest are skipped."""
 
     def __init__(self, block_nbytes: int | None, routed_at_start: bool, out: TextIO, as_json: bool = False) -> None:
