@@ -27,6 +27,7 @@ import logging
 import os
 import sys
 import types
+from collections.abc import Sequence
 from concurrent.futures import CancelledError, Future
 
 import numpy as np
@@ -36,7 +37,6 @@ from aibrix_kvcache.memory import ManagedMemoryRegion, MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes
 
 from .outcomes import close_after
-
 from .request_guard import CURRENT_GUARD, RequestGuard
 
 logger = logging.getLogger(__name__)
@@ -107,12 +107,10 @@ def tokens_belong(loaded: np.ndarray, key: bytes, previous: np.ndarray | None) -
     expected = getattr(key, "tokens", None)
     if expected is not None and not np.array_equal(loaded, expected.to_numpy()):
         return False
-    if previous is not None and (len(loaded) <= len(previous) or not np.array_equal(loaded[: len(previous)], previous)):
-        return False
-    return True
+    return previous is None or (len(loaded) > len(previous) and np.array_equal(loaded[: len(previous)], previous))
 
 
-def restore_tokens(keys, mrs: "list[MemoryRegion]", statuses: list[Status], loaded: int) -> int:
+def restore_tokens(keys: Sequence[bytes], mrs: Sequence[MemoryRegion], statuses: list[Status], loaded: int) -> int:
     """After a get in the token-validation layout: hand L2Cache correctly
     parsed tokens, and end the loaded prefix at a block without a well-formed
     footer or whose tokens are not the ones asked for (L2Cache skips such a

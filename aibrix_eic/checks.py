@@ -4,7 +4,8 @@ Every rejection raises InvalidRequest with a message naming the index and the
 limit (`keys[3]`, `mrs[0]`); the connector turns it into Status(INVALID).
 """
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from aibrix_kvcache.memory import MemoryRegion
 

@@ -10,8 +10,9 @@ import dataclasses
 import difflib
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -102,7 +103,7 @@ class EICConfig:
         if os.path.isdir(path):
             raise ConfigError(path, None, "is a directory, expected a YAML file")
         try:
-            with open(path, "r", encoding="utf-8") as fin:
+            with open(path, encoding="utf-8") as fin:
                 data = yaml.safe_load(fin)
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)

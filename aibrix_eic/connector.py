@@ -18,14 +18,16 @@ pools) -> outcomes -> Status list. What it guarantees, and why:
 """
 
 import logging
+from collections.abc import Sequence
 from concurrent.futures import Executor
-from typing import Any, List, Sequence, Tuple
+from typing import Any
 
 import torch
 from aibrix_kvcache.l2.connectors import Connector, ConnectorFeature
 from aibrix_kvcache.memory import MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes
 
+from . import live
 from .aibrix_compat import order_timeouts, restore_tokens, with_tokens
 from .answers import never_raises
 from .checks import BlockChecker, InvalidRequest, check_lengths, slab_regions
@@ -37,7 +39,6 @@ from .dispatch import Dispatcher
 from .exists_batch import ExistsBatcher
 from .identity import ModelIdentity, announce, resolve_identity
 from .link import Link
-from . import live
 from .logs import RateLimitedLogger
 from .metrics import DELETE_SKIPPED, FAST_MISS, PUT_SKIPPED, for_connector
 from .outcomes import OK
@@ -202,7 +203,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         except Exception:
             pass
 
-    def register_slabs(self, slabs: List[torch.Tensor]) -> Status:
+    def register_slabs(self, slabs: list[torch.Tensor]) -> Status:
         """Register AIBrix's slabs with EIC (again on every new client)."""
         try:
             if self._config_error is not None:
@@ -235,7 +236,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         keys: Sequence[Any],
         mrs: Sequence[MemoryRegion | Sequence[MemoryRegion]],
         batch_size: int,
-    ) -> Sequence[Sequence[Tuple[bytes, MemoryRegion | Sequence[MemoryRegion]]]]:
+    ) -> Sequence[Sequence[tuple[bytes, MemoryRegion | Sequence[MemoryRegion]]]]:
         """One batch for the whole request; mget/mput split it into SDK calls.
 
         L2Cache sums OKs across batches and keeps going after a short one,

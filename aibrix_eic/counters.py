@@ -4,7 +4,8 @@ Prometheus series (metrics.py), so health() and /metrics read the same
 numbers."""
 
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .metrics import NO_METRICS, ConnectorMetrics, NoMetrics
 from .sdk import HIT, MISS

@@ -4,7 +4,8 @@ Statuses AIBrix sees (outcomes). The connector sends every request here,
 except those write-behind answers or queues.
 """
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from aibrix_kvcache.memory import MemoryRegion
 from aibrix_kvcache.status import Status

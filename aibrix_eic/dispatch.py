@@ -10,9 +10,9 @@ Chunks still queued at the deadline are cancelled and never touch memory.
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from aibrix_kvcache.memory import MemoryRegion
 

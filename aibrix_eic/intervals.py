@@ -6,7 +6,7 @@ built once and swapped whole, so readers need no lock.
 """
 
 import bisect
-from typing import Iterable
+from collections.abc import Iterable
 
 Index = tuple[list[int], list[int]]
 EMPTY: Index = ([], [])

@@ -10,7 +10,6 @@ from typing import Any
 from aibrix_kvcache.status import Status, StatusCodes
 from prometheus_client import Counter, Gauge, Histogram
 
-
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 SAMPLE_INTERVAL_S = 1.0  # how often sampled series are published
 LABELS = ("namespace", "model", "partition")

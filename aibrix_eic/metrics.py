@@ -25,8 +25,9 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import prometheus_client
 from aibrix_kvcache.status import Status
@@ -242,7 +243,7 @@ class NoMetrics:
     """`metrics: false`: the same calls, doing nothing."""
 
     enabled = False
-    labels: dict[str, str] = {}
+    labels: dict[str, str] = {}  # noqa: RUF012  (read-only: no labels)
 
     def counted(self, amounts: Mapping[str, int]) -> None:
         pass

@@ -5,8 +5,9 @@ state, so each rule can be tested without an engine.
 """
 
 import asyncio
+from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from aibrix_kvcache.status import Status, StatusCodes
 

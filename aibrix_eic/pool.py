@@ -17,8 +17,9 @@ import itertools
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any
 
 GET_PRIORITY = 0
 PUT_PRIORITY = 1
@@ -32,7 +33,7 @@ class PriorityThreadPool:
         self.max_threads = max(max_workers, max_threads or max_workers)
         self._stuck_after_s = stuck_after_s
         self._name = name
-        self._queue: "queue.PriorityQueue[tuple[int, int, Any]]" = queue.PriorityQueue()
+        self._queue: queue.PriorityQueue[tuple[int, int, Any]] = queue.PriorityQueue()
         self._order = itertools.count()
         self._names = itertools.count()
         self._lock = threading.Lock()

@@ -16,7 +16,7 @@ it touches any of them, through `hold`. Two things make that refusal-proof:
 
 import contextvars
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 from aibrix_kvcache.memory import MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes

@@ -10,9 +10,9 @@ whole failed, which is what the connector's retry and breaker logic need.
 import enum
 import importlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Sequence
 
 from .config import ConfigError, EICConfig
 

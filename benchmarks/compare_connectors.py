@@ -60,9 +60,9 @@ import yaml  # noqa: E402
 from aibrix_kvcache import TokenListView  # noqa: E402
 from aibrix_kvcache.l2 import KeyBuilder, L2Cache  # noqa: E402
 from aibrix_kvcache.l2.connectors import Connector, ConnectorFeature  # noqa: E402
-from aibrix_kvcache.status import Status  # noqa: E402
 from aibrix_kvcache.memory import TensorPoolAllocator  # noqa: E402
 from aibrix_kvcache.spec import KVCacheBlockLayout, KVCacheBlockSpec, KVCacheTensorSpec  # noqa: E402
+from aibrix_kvcache.status import Status  # noqa: E402
 
 import aibrix_eic  # noqa: E402
 import aibrix_eic.engine as engine  # noqa: E402

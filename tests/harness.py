@@ -4,8 +4,8 @@ memory regions with recognisable contents."""
 import asyncio
 import contextlib
 import os
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator, Sequence
 
 import numpy as np
 import torch

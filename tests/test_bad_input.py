@@ -3,9 +3,9 @@
 import pytest
 import torch
 from aibrix_kvcache.status import StatusCodes
+from connector_tools import ConnectorRig
 
 from aibrix_eic.codec import KeyCodec
-from connector_tools import ConnectorRig
 
 
 @pytest.fixture

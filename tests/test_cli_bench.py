@@ -10,13 +10,12 @@ import subprocess
 import sys
 
 import pytest
+from harness import write_config
 
 from aibrix_eic.cli import main
 from aibrix_eic.cli.progress import ProgressBar
 from aibrix_eic.cli.shapes import SHAPES
 from aibrix_eic.engine.store import Store
-
-from harness import write_config
 
 SMALL = ["--tokens", "64", "--requests", "2", "--warmup", "1", "--no-progress"]
 

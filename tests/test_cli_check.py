@@ -9,12 +9,11 @@ import subprocess
 import sys
 
 import pytest
+from harness import write_config
 
 import aibrix_eic.engine as engine
 from aibrix_eic.cli import main
 from aibrix_eic.engine.store import Store
-
-from harness import write_config
 
 
 def run_check(capsys, *args: str) -> tuple[int, str]:

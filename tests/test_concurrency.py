@@ -6,10 +6,10 @@ import asyncio
 import threading
 
 import torch
-
-from aibrix_eic.engine import get_store
 from connector_tools import ConnectorRig
 from harness import BLOCK_NTOKENS, block_spec, make_manager, manager_env, pattern, tokens, use_config
+
+from aibrix_eic.engine import get_store
 
 THREADS = 4
 ROUNDS = 6

@@ -3,9 +3,9 @@
 import os
 
 import pytest
+from harness import write_config
 
 from aibrix_eic.config import DEFAULT_SOURCE, ConfigError, EICConfig, config_path_from_env
-from harness import write_config
 
 UPSTREAM_YAML = """\
 remote_url: "eic://192.168.12.62:12500"
@@ -229,7 +229,6 @@ def test_non_utf8_file_makes_l2cache_open_invalid_instead_of_raising(tmp_path, m
     from concurrent.futures import ThreadPoolExecutor
 
     from aibrix_kvcache.l2.l2_cache import L2Cache
-
     from harness import block_spec
 
     path = tmp_path / "eic.yaml"
@@ -326,7 +325,7 @@ def test_values_at_their_bounds_are_accepted(tmp_path):
     from aibrix_eic.config_values import BOUNDS
 
     lines = ["remote_url: local://"]
-    for key, (low, high) in BOUNDS.items():
+    for key, (_low, high) in BOUNDS.items():
         if key in ("block_nbytes", "batch_bytes", "max_value_bytes"):
             continue  # sizes are cross-checked against each other below
         lines.append(f"{key}: {high}")

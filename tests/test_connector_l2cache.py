@@ -1,11 +1,11 @@
 """EICConnector driven through AIBrix's real L2Cache, on the embedded engine."""
 
 import pytest
+from harness import BLOCK_NTOKENS, L2Harness, block_layout, block_spec, tokens, use_config
 
 import aibrix_eic.engine as engine
 from aibrix_eic.connector import EICConnector
 from aibrix_eic.engine import get_store
-from harness import BLOCK_NTOKENS, L2Harness, block_layout, block_spec, tokens, use_config
 
 
 @pytest.fixture(params=["compact", "token-validation"])

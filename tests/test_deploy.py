@@ -149,7 +149,9 @@ def test_manifests_pass_the_strict_kubernetes_schema(name, objects):
         try:
             kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
         except kubernetes_validate.ValidationError as e:
-            raise AssertionError(f"{name}: {obj['kind']}/{obj['metadata']['name']}: {e.message} at {list(e.path)}")
+            raise AssertionError(
+                f"{name}: {obj['kind']}/{obj['metadata']['name']}: {e.message} at {list(e.path)}"
+            ) from None
 
 
 def test_the_schema_check_catches_a_misspelt_field():
@@ -203,7 +205,7 @@ def test_the_config_passes_our_validation_as_mounted(name, objects, tmp_path, mo
             real = getattr(os.path, check)
             monkeypatch.setattr(
                 os.path, check,
-                lambda p, real=real: real(str(root / str(p).lstrip("/"))) if str(p).startswith("/") and not str(p).startswith(str(tmp_path)) else real(p),
+                lambda p, real=real, root=root: real(str(root / str(p).lstrip("/"))) if str(p).startswith("/") and not str(p).startswith(str(tmp_path)) else real(p),
             )  # fmt: skip
         config = EICConfig.load(str(root / config_path.lstrip("/")))
         monkeypatch.undo()
@@ -347,7 +349,7 @@ def check_promql(where: str, expr: str) -> list[str]:
     try:
         tree = promql_parser.parse(expr)
     except Exception as e:
-        raise AssertionError(f"{where}: PromQL does not parse: {e}\n{expr}")
+        raise AssertionError(f"{where}: PromQL does not parse: {e}\n{expr}") from None
     series, values = exported_series(), label_values()
     names: list[str] = []
 

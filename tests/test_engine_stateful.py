@@ -51,7 +51,7 @@ class EngineAgainstModel(RuleBasedStateMachine):
         endpoint = f"stateful?capacity={self.capacity}&max_value={MAX_VALUE}"
         assert self.client.init("stateful", endpoint, eic.InitOption()) == 0
         self.store = get_store("stateful")
-        self.model: "OrderedDict[tuple[str, str], bytes]" = OrderedDict()
+        self.model: OrderedDict[tuple[str, str], bytes] = OrderedDict()
 
     def live(self) -> int:
         return sum(len(v) for v in self.model.values())

@@ -10,10 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from aibrix_kvcache.l2.connectors import Connector, ConnectorConfig
+from harness import use_config
 
 from aibrix_eic import plugin
 from aibrix_eic.connector import EICConnector
-from harness import use_config
 
 CREATE_AND_REPORT = """
 from concurrent.futures import ThreadPoolExecutor

@@ -8,9 +8,10 @@ import threading
 import time
 import weakref
 
+from connector_tools import ConnectorRig
+
 import aibrix_eic.engine as engine
 from aibrix_eic.engine import get_store
-from connector_tools import ConnectorRig
 
 PROBE_INTERVAL_S = 0.2
 DATA_THREADS = 8
@@ -88,8 +89,8 @@ def test_threads_and_clients_stay_bounded_through_a_10s_hang_with_a_fast_probe(m
         while time.monotonic() < hang_ends:
             mrs = rig.blocks(1)
 
-            async def get_and_exists():
-                return await asyncio.gather(rig.conn.get(b"hang-bound-k-01", mrs[0]), rig.conn.exists(b"hang-bound-k-02"))
+            async def get_and_exists(mr=mrs[0]):
+                return await asyncio.gather(rig.conn.get(b"hang-bound-k-01", mr), rig.conn.exists(b"hang-bound-k-02"))
 
             rig.run(get_and_exists())
             rig.release(mrs)

@@ -3,10 +3,10 @@ connectors build in each TP rank."""
 
 import pytest
 import torch
+from harness import BLOCK_NTOKENS, block_layout, block_spec, make_manager, manager_env, pattern, tokens, use_config
 
 from aibrix_eic.connector import EICConnector
 from aibrix_eic.engine import get_store
-from harness import BLOCK_NTOKENS, block_layout, block_spec, make_manager, manager_env, pattern, tokens, use_config
 
 
 @pytest.fixture(params=["compact", "token-validation"])

@@ -11,11 +11,11 @@ import time
 
 import pytest
 import torch
+from harness import BLOCK_NTOKENS, block_layout, block_spec, make_manager, manager_env, pattern, tokens, use_config
+from poison import PoisonWatch
 
 from aibrix_eic import aibrix_compat
 from aibrix_eic.engine import get_store
-from harness import BLOCK_NTOKENS, block_layout, block_spec, make_manager, manager_env, pattern, tokens, use_config
-from poison import SENTINEL, PoisonWatch
 
 NBLOCKS = 4
 STALL_S = 1.0  # loop held this long; AIBrix's timeout is NBLOCKS * 16 * 1 ms = 64 ms

@@ -17,6 +17,7 @@ from collections import defaultdict
 
 import pytest
 import torch
+from harness import BLOCK_NTOKENS, block_spec, make_manager, manager_env, pattern, tokens, use_config
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
@@ -25,7 +26,6 @@ import aibrix_eic
 from aibrix_eic import metrics
 from aibrix_eic.config import EICConfig
 from aibrix_eic.engine import get_store
-from harness import BLOCK_NTOKENS, block_spec, make_manager, manager_env, pattern, tokens, use_config
 
 PROBE_INTERVAL_S = 0.2
 NBLOCKS = 8

@@ -8,12 +8,12 @@ import types
 
 import pytest
 import torch
+from harness import BLOCK_NTOKENS, block_layout, block_spec, make_manager, manager_env, pattern, tokens, write_config
+from test_identity import fake_vllm_config
 
 from aibrix_eic.config import ENV_CONFIG
 from aibrix_eic.connector import EICConnector
 from aibrix_eic.engine import get_store
-from harness import BLOCK_NTOKENS, block_layout, block_spec, make_manager, manager_env, pattern, tokens, write_config
-from test_identity import fake_vllm_config
 
 NBLOCKS = 12
 SHARED_URL = "local://shared-by-two-models"

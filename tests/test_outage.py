@@ -7,9 +7,9 @@ import time
 
 import pytest
 import torch
+from harness import BLOCK_NTOKENS, block_spec, make_manager, manager_env, pattern, tokens, use_config
 
 from aibrix_eic.engine import get_store
-from harness import BLOCK_NTOKENS, block_spec, make_manager, manager_env, pattern, tokens, use_config
 
 PROBE_INTERVAL_S = 0.3
 GET_TIMEOUT_MS = 150
@@ -84,7 +84,7 @@ def test_outage_gives_fast_misses_then_the_cache_returns_by_itself(manager, fail
             ntokens, took = timed(lambda: reload_tokens(manager, query))
             assert ntokens == 0
             assert took < GET_TIMEOUT_MS / 1000 + SLACK_S
-            status, took = timed(lambda: offload(manager, tokens(2, seed=100 + round_), seed=round_))
+            status, took = timed(lambda r=round_: offload(manager, tokens(2, seed=100 + r), seed=r))
             assert took < PUT_TIMEOUT_MS / 1000 + SLACK_S
     assert breaker_of(manager).tripped
     assert any("circuit OPEN" in record.getMessage() for record in caplog.records)
@@ -159,8 +159,9 @@ def test_partial_failures_do_not_trip_the_breaker(monkeypatch, tmp_path):
 
 
 def test_failed_keys_are_retried_and_misses_are_not(monkeypatch):
-    import aibrix_eic.engine as engine
     from connector_tools import ConnectorRig
+
+    import aibrix_eic.engine as engine
 
     rig = ConnectorRig(remote_url="local://retry", retry_attempts=3, retry_backoff_ms=1, retry_backoff_max_ms=2).open()
     calls = []
@@ -229,8 +230,9 @@ def test_rejected_keys_are_not_retried():
 
 
 def test_large_blocks_are_split_into_several_concurrent_calls(monkeypatch):
-    import aibrix_eic.engine as engine
     from connector_tools import ConnectorRig
+
+    import aibrix_eic.engine as engine
 
     sizes = []
     original = engine.Client.mset

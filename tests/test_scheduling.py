@@ -3,10 +3,11 @@
 import asyncio
 import threading
 
+from connector_tools import ConnectorRig
+
 import aibrix_eic.engine as engine
 from aibrix_eic.engine import get_store
 from aibrix_eic.pool import GET_PRIORITY, PUT_PRIORITY, PriorityThreadPool
-from connector_tools import ConnectorRig
 
 
 def test_pool_runs_lower_priority_values_first():

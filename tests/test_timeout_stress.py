@@ -9,10 +9,10 @@ import threading
 
 import pytest
 import torch
-
-from aibrix_eic.engine import get_store
 from harness import BLOCK_NTOKENS, block_spec, make_manager, manager_env, pattern, tokens, use_config
 from poison import PoisonWatch
+
+from aibrix_eic.engine import get_store
 
 REQUESTS = 500  # offloads and reloads together
 NBLOCKS = 2

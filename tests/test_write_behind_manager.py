@@ -9,10 +9,10 @@ import time
 
 import pytest
 import torch
-
-from aibrix_eic.engine import get_store
 from harness import BLOCK_NTOKENS, block_spec, make_manager, pattern, tokens, use_config
 from poison import PoisonWatch
+
+from aibrix_eic.engine import get_store
 
 STORE = "wbm"
 L1_BLOCKS = 40  # the L1 capacity, in blocks (S3FIFO's small queue holds 30 % of it)

@@ -9,7 +9,7 @@ when chosen, so `--help` stays fast.
 
 import argparse
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..units import parse_size
 

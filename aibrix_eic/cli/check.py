@@ -12,9 +12,10 @@ passed, 1 otherwise.
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, TextIO
+from typing import TextIO
 
 import torch
 

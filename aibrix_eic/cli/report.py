@@ -1,7 +1,8 @@
 """Turns the bench's per-request timings into a summary: a JSON-ready dict
 (`--json`) and the text a person reads. GB means 1e9 bytes."""
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

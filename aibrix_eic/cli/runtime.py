@@ -8,7 +8,7 @@ must run before anything imports it.
 import contextlib
 import logging
 import os
-from typing import Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 # Read by aibrix_kvcache (and tqdm) at import time.
 IMPORT_TIME_ENV = {

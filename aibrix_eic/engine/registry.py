@@ -16,7 +16,8 @@ left out keep their current value. docs/engine.md lists them.
 
 import difflib
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import parse_qsl
 
 from ..units import exact_size_text, parse_duration, parse_size

@@ -23,8 +23,8 @@ import itertools
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -85,7 +85,7 @@ class Store:
         self.faults = Faults()
         self.stats = StoreStats()
         self._lock = threading.Lock()
-        self._index: "OrderedDict[tuple[str, str], _Value]" = OrderedDict()
+        self._index: OrderedDict[tuple[str, str], _Value] = OrderedDict()
         self._free: dict[int, list[tuple[np.ndarray, int]]] = {}  # nbytes -> (buf, addr)
         self._free_bytes = 0
         self._held_bytes = 0
@@ -156,7 +156,7 @@ class Store:
         reserved: list[tuple[int, _Value]] = []
         with self._lock:
             self._expire_due_unsafe()
-            for i, (addr, nbytes) in enumerate(sources):
+            for i, (_addr, nbytes) in enumerate(sources):
                 value = self._allocate_unsafe(nbytes)
                 if value is None:
                     codes[i] = StatusCode.OUT_OF_CAPACITY

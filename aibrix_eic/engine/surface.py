@@ -17,7 +17,7 @@ strict reading; docs/engine.md lists each choice.
 
 import threading
 import time
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from .. import intervals
 from .enums import LogLevel, MemoryType, StatusCode, TransportType, overall_status
@@ -28,12 +28,12 @@ from .store import Store
 class StringVector(list):
     """A list of str keys (pybind11 `std::vector<std::string>` stand-in)."""
 
-    def append(self, key: str) -> None:  # type: ignore[override]
+    def append(self, key: str) -> None:
         if not isinstance(key, str):
             raise TypeError(f"StringVector holds str keys, got {type(key).__name__}")
         super().append(key)
 
-    def extend(self, keys: Iterable[str]) -> None:  # type: ignore[override]
+    def extend(self, keys: Iterable[str]) -> None:
         keys = list(keys)
         if not all(type(key) is str for key in keys):
             for key in keys:
