@@ -1,5 +1,6 @@
 # One-command setup + run. `make bench` runs the main job on the embedded
-# engine; `make test` runs the unit suite. Both create .venv on first use.
+# engine; `make test` runs the unit suite; `make lint` runs ruff and mypy.
+# They create .venv on first use.
 # `make e2e` runs the real-vLLM suite (tests/e2e) in its own .venv-e2e.
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -18,18 +19,23 @@ E2E_PY := $(E2E_VENV)/bin/python
 E2E_PIP := $(E2E_PY) -m pip install --disable-pip-version-check -qq
 E2E_REQS := tests/e2e/requirements.txt tests/e2e/requirements-nodeps.txt
 
-.PHONY: setup test bench check clean e2e-setup e2e e2e-bench
+.PHONY: setup test lint bench check clean e2e-setup e2e e2e-bench
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --disable-pip-version-check -q "$(TORCH_PIN)"
-	$(PY) -m pip install --disable-pip-version-check -q -e ".[test]"
+	$(PY) -m pip install --disable-pip-version-check -q -e ".[test,lint]"
 	touch $(STAMP)
 
 setup: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 bench: $(STAMP)
 	$(VENV)/bin/aibrix-eic bench $(BENCH_ARGS)
