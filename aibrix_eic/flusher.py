@@ -38,6 +38,10 @@ def settle(done: Finished) -> None:
         ack.resolve()
 
 
+def _buffers(writes: list[Entry]) -> list[tuple[int, int, bool]]:
+    return [entry.buffer for entry in writes if entry.buffer is not None]  # a write always has one
+
+
 class Flusher:
     def __init__(self, table: PendingTable, config: EICConfig, link: Link, dispatcher: Dispatcher,
                  counters: Counters, rate_log: RateLimitedLogger) -> None:  # fmt: skip
@@ -94,6 +98,8 @@ class Flusher:
         table = self._table
         while generation == self._generation:
             done = Finished()
+            writes: list[Entry] = []
+            deletes: list[Entry] = []
             with table.cond:
                 while True:
                     lost = table.drop_aged(time.monotonic(), done)
@@ -104,7 +110,6 @@ class Flusher:
                         self._counters.add(write_behind_lost=lost)
                     stopping = not self.running and not (self._closing and table.queued and not down)
                     if stopping or generation != self._generation:
-                        writes = deletes = []
                         break
                     now = time.monotonic()
                     with_deletes = now >= self._lost_retry_at
@@ -126,7 +131,7 @@ class Flusher:
         groups: list[list[Entry]] = []
         if writes:
             mark = session is not None and session.registration_ok and self._config.put_registered
-            buffers = [(e.buffer[0], e.buffer[1], e.buffer[2] and mark) for e in writes]
+            buffers = [(addr, nbytes, registered and mark) for addr, nbytes, registered in _buffers(writes)]
             chunks = self._dispatcher.chunks([e.key for e in writes], buffers, ())
             start = 0
             for chunk in chunks:
@@ -161,7 +166,12 @@ class Flusher:
             future = Future()
             future.set_result(None)
             return future
-        future.add_done_callback(lambda f: f.cancelled() and self._end(group, [False] * len(group), "cancelled"))
+
+        def end_if_cancelled(done: Future) -> None:  # it never ran: nothing can touch its regions
+            if done.cancelled():
+                self._end(group, [False] * len(group), "cancelled")
+
+        future.add_done_callback(end_if_cancelled)
         return future
 
     def _flush_chunk(self, session: Session, chunk: Chunk, group: list[Entry], deadline: Deadline) -> None:

@@ -20,7 +20,7 @@ accepted write that failed.
 
 import asyncio
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 from aibrix_kvcache.memory import MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes
@@ -127,10 +127,12 @@ class PendingTable:
         return self.counted_bytes + nbytes <= self.max_bytes
 
     def lookup(self, key: str):
-        """The newest write of key (an Entry), LOST, or None (ask EIC)."""
+        """The newest write of key (an Entry), LOST, or None (ask EIC). A
+        write in flight that a later loss overtook (a newer write dropped,
+        a delete that timed out) is not served: it is not the newest."""
         entry = self.queued.get(key) or self.inflight.get(key)
         if entry is not None:
-            return entry if entry.kind == WRITE else LOST
+            return entry if entry.kind == WRITE and entry.seq > self.lost.get(key, -1) else LOST
         return LOST if key in self.lost else None
 
     # ------------------------------------------------------------ changes
@@ -138,7 +140,9 @@ class PendingTable:
         self._seq += 1
         return self._seq
 
-    def add(self, keys: Sequence[str], buffers, mrs, now: float, counted: bool, ack: Ack | None, done: Finished) -> None:
+    def add(
+        self, keys: Sequence[str], buffers, mrs, now: float, counted: bool, ack: Ack | None, done: Finished
+    ) -> None:
         """Queue one write per key (their references already taken)."""
         for key, buffer, mr in zip(keys, buffers, mrs):
             old = self.queued.pop(key, None)
@@ -160,7 +164,7 @@ class PendingTable:
         for entry in writes:
             del self.queued[entry.key]
             self.inflight[entry.key] = entry
-        deletes = []
+        deletes: list[Entry] = []
         for key, seq in self.lost.items() if with_deletes else ():
             if len(deletes) >= max_keys:
                 break

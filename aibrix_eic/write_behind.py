@@ -17,7 +17,7 @@ flush failed reads as a miss until EIC is known not to hold an older value
 import asyncio
 import ctypes
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from aibrix_kvcache.memory import MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes
@@ -111,7 +111,7 @@ class WriteBehind:
         timeout_s = self._config.put_timeout_ms / 1000
         try:
             status = await asyncio.wait_for(ack.future, timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return Status(StatusCodes.TIMEOUT, f"put exceeded put_timeout_ms={self._config.put_timeout_ms:g}")
         if status.is_ok():
             return [OK] * len(eic_keys)
@@ -207,7 +207,7 @@ class WriteBehind:
                 break
             try:
                 await asyncio.wait_for(ack.future, deadline.remaining())
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 with table.cond:
                     table.mark_lost(eic_key, table.next_seq())
                 return Status(StatusCodes.TIMEOUT, f"delete exceeded delete_timeout_ms={timeout_ms:g}")

@@ -4,27 +4,39 @@ A hypothesis state machine drives EICConnector against a dict model while
 switching every fault knob of the engine at random: latency past the
 deadline, whole-call FAILED, per-key PARTIAL_FAILED, unreachable, phantom
 exists. Invariant: every get reported OK returned exactly the bytes of the
-last put of that key that may have been stored.
+last put of that key that may have been stored. The machine runs once per
+put_mode: with write-behind a put reported OK is a put whose value every
+later get must return or miss, even while it is queued, in flight, failing
+or overtaken by a delete; a small write_behind_max_bytes makes some puts
+wait as well.
 
 "May have been stored": a put reported OK definitely stored its value; a put
 that failed or timed out may or may not have (the SDK call can land after the
 deadline), so its value stays acceptable until a later definite outcome.
 After each step the rig waits until no SDK call is in flight, so a late write
-can never land after a later step; that keeps the model exact. Misses are
+can never land after a later step; that keeps the model exact. With queued
+puts it does not wait (only the `settle` rule lets the queue drain): there
+the queue's per-key ordering is what must keep the model exact. Misses are
 always allowed: losing cache entries is fine, serving wrong KV is not.
 """
 
+import itertools
+import time
+from typing import ClassVar
+
 import hypothesis.strategies as st
+import pytest
+from connector_tools import ConnectorRig
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from aibrix_eic.engine import get_store, reset_stores
-from connector_tools import ConnectorRig
 
 KEYS = [bytes([i]) * 16 for i in range(4)]
 BLOCK = 2048
 # What the run exercised, so the test proves it met the faults it claims to.
 COVERAGE: dict[str, int] = {}
+_EXAMPLES = itertools.count()
 
 
 def _count(name: str, amount: int = 1) -> None:
@@ -32,12 +44,16 @@ def _count(name: str, amount: int = 1) -> None:
 
 
 class FaultyConnectorMachine(RuleBasedStateMachine):
+    PUT_MODE: ClassVar[dict] = {"put_mode": "direct"}
+    STEPS = 25
+
     def __init__(self) -> None:
         super().__init__()
         reset_stores()
         self.rig = ConnectorRig(
+            **self.PUT_MODE,
             block_nbytes=BLOCK,
-            remote_url="local://model?seed=7",
+            remote_url=f"local://{self._store_name()}?seed=7",
             batch_keys=2,
             get_timeout_ms=25,
             put_timeout_ms=25,
@@ -49,10 +65,19 @@ class FaultyConnectorMachine(RuleBasedStateMachine):
             breaker_failures=3,
             probe_interval_s=0.02,
         ).open()
-        self.store = get_store("model")
+        self.store = get_store(self._store_name())
         # key -> the values a successful get may return
         self.acceptable: dict[bytes, set[bytes]] = {}
         self.version = 0
+
+    def _store_name(self) -> str:
+        # Queued machines get a store per example: a write of a closed
+        # connector that is still in the SDK must not land in the next example.
+        if self.STEPS == 25:
+            return "model"
+        if not hasattr(self, "_example"):
+            self._example = next(_EXAMPLES)
+        return f"model-{self._example}"
 
     def teardown(self) -> None:
         health = self.rig.conn.health()
@@ -60,6 +85,10 @@ class FaultyConnectorMachine(RuleBasedStateMachine):
             _count(name, health[name])
         self.store.faults.clear()
         self.rig.close()
+        deadline = time.monotonic() + 5  # a call still running holds its regions until it returns
+        while self.rig.allocator._used_nbytes and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert self.rig.allocator._used_nbytes == 0, "a region reference outlived close()"
 
     def _payload(self) -> bytes:
         self.version += 1
@@ -81,6 +110,9 @@ class FaultyConnectorMachine(RuleBasedStateMachine):
         phantom_rate=st.sampled_from([0.0, 0.5]),
     )
     def set_faults(self, latency_ms, fail_rate, key_fail_rate, unreachable, phantom_rate) -> None:
+        self._apply_faults(latency_ms, fail_rate, key_fail_rate, unreachable, phantom_rate)
+
+    def _apply_faults(self, latency_ms, fail_rate, key_fail_rate, unreachable, phantom_rate) -> None:
         faults = self.store.faults
         faults.latency_s = latency_ms / 1000
         faults.fail_rate = fail_rate
@@ -144,13 +176,68 @@ class FaultyConnectorMachine(RuleBasedStateMachine):
         assert self.rig.conn.health()["breaker"] in ("open", "closed")
 
 
-def test_connector_never_serves_wrong_bytes_under_faults():
+class QueuedPutsMachine(FaultyConnectorMachine):
+    """The same machine with puts through the write-behind queue, plus a rule
+    that lets the queue drain (otherwise writes stay pending across steps).
+    Longer runs: with this rule set, 25 steps rarely put then get a key."""
+
+    STEPS = 40
+
+    @rule(
+        latency_ms=st.sampled_from(
+            [0, 2, 5, 10, 40]
+        ),  # mostly below the 25 ms deadlines: writes pending, reads answered
+        fail_rate=st.sampled_from([0.0, 0.0, 0.0, 0.3, 1.0]),
+        key_fail_rate=st.sampled_from([0.0, 0.0, 0.3]),
+        unreachable=st.sampled_from([False, False, False, True]),
+        phantom_rate=st.sampled_from([0.0, 0.5]),
+    )
+    def set_faults(self, latency_ms, fail_rate, key_fail_rate, unreachable, phantom_rate) -> None:
+        self._apply_faults(latency_ms, fail_rate, key_fail_rate, unreachable, phantom_rate)
+
+    def _step(self) -> None:
+        # No quiesce: writes stay queued or in flight across steps, and the
+        # per-key ordering of the queue, not the rig, must keep the model exact.
+        _count("steps")
+
+    @rule(
+        first=st.lists(st.sampled_from(KEYS), min_size=1, max_size=2, unique=True),
+        second=st.lists(st.sampled_from(KEYS), min_size=1, max_size=2, unique=True),
+    )
+    def put_put_get(self, first, second) -> None:
+        """A get right behind two puts: the second put's blocks are still
+        queued behind the first's flush, and EIC may hold older values."""
+        self.put(first)
+        self.put(second)
+        self.get(second)
+
+    @rule()
+    def settle(self) -> None:
+        self.rig.conn.write_behind.wait_idle(5)
+        self._step()
+
+
+class WriteBehindMachine(QueuedPutsMachine):
+    PUT_MODE: ClassVar[dict] = {
+        "put_mode": "write_behind",
+        "write_behind_max_bytes": 3 * BLOCK,
+        "write_behind_max_age_ms": 30,
+    }
+
+
+class CoalesceMachine(QueuedPutsMachine):
+    PUT_MODE: ClassVar[dict] = {"put_mode": "coalesce"}
+
+
+@pytest.mark.parametrize("machine", [FaultyConnectorMachine, WriteBehindMachine, CoalesceMachine],
+                         ids=["direct", "write_behind", "coalesce"])  # fmt: skip
+def test_connector_never_serves_wrong_bytes_under_faults(machine):
     COVERAGE.clear()
     run_state_machine_as_test(
-        FaultyConnectorMachine,
+        machine,
         settings=settings(
             max_examples=60,
-            stateful_step_count=25,
+            stateful_step_count=machine.STEPS,
             deadline=None,
             suppress_health_check=list(HealthCheck),
             derandomize=True,

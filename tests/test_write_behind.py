@@ -275,6 +275,26 @@ def test_a_failed_flush_is_a_miss_never_the_older_value(make_rig):
     assert get(rig, key)[1] == payload(3)
 
 
+def test_a_newer_write_lost_to_age_hides_an_older_one_in_flight(make_rig):
+    rig = make_rig(write_behind_max_age_ms=20, put_timeout_ms=5000)
+    key = b"g" * 16
+    put(rig, key, 1)
+    idle(rig)
+    rig.store.faults.latency_s = 0.3
+    put(rig, key, 2)
+    in_flight(rig)
+    put(rig, key, 3)  # queued behind 2, then dropped for its age while 2 is still in the SDK
+    deadline = time.monotonic() + 2
+    while rig.conn.health()["write_behind_lost"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert rig.conn.health()["write_behind_lost"] == 1
+    assert get(rig, key)[0].is_not_found(), "the write in flight (2) is older than the lost one (3)"
+    assert rig.run(rig.conn.exists(key)).is_not_found()
+    idle(rig)
+    rig.store.faults.clear()
+    assert get(rig, key)[0].is_not_found()
+
+
 def test_failed_keys_are_retried_within_the_deadline(make_rig):
     rig = make_rig(remote_url="local://retry?seed=3", retry_attempts=5, retry_backoff_ms=1, retry_backoff_max_ms=2)
     rig.store = get_store("retry")

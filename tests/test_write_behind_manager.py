@@ -18,7 +18,10 @@ STORE = "wbm"
 L1_BLOCKS = 40  # the L1 capacity, in blocks (S3FIFO's small queue holds 30 % of it)
 
 
-@pytest.fixture(params=[("ALL", 0), ("ALL", 65536), ("HOT", 0), ("HOT", 65536)], ids=lambda p: f"{p[0]}-{'async' if p[1] else 'sync'}")
+@pytest.fixture(
+    params=[("ALL", 0), ("ALL", 65536), ("HOT", 0), ("HOT", 65536)],
+    ids=lambda p: f"{p[0]}-{'async' if p[1] else 'sync'}",
+)
 def mode(request):
     return request.param
 
@@ -163,7 +166,9 @@ def test_an_overwrite_is_never_reordered_behind_an_older_write(build):
     for version in range(5):
         mrs = cache.allocate_for(None, query).get().memory_regions
         for i, mr in enumerate(mrs):
-            mr.to_tensor()[: cache.block_spec.block_nbytes].copy_(pattern(40 + version, i, cache.block_spec.block_nbytes))
+            mr.to_tensor()[: cache.block_spec.block_nbytes].copy_(
+                pattern(40 + version, i, cache.block_spec.block_nbytes)
+            )
         assert run_on_manager_loop(cache, l2.put(None, query, list(mrs))).is_ok()
         for mr in mrs:
             mr.ref_down()
