@@ -203,8 +203,17 @@ def main() -> int:
 
 def asdict_spec(name: str) -> dict:
     spec = model.SPECS[name]
-    return {k: getattr(spec, k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                                           "num_key_value_heads", "intermediate_size", "dtype")}
+    return {
+        k: getattr(spec, k)
+        for k in (
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "intermediate_size",
+            "dtype",
+        )
+    }
 
 
 def versions() -> dict:

@@ -26,7 +26,9 @@ def loggers(monkeypatch):
 def _vllm_handler() -> tuple[logging.Handler, io.StringIO]:
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(logging.Formatter("(VLLMFMT pid=%(process)d) %(levelname)s [%(filename)s:%(lineno)d] %(message)s"))
+    handler.setFormatter(
+        logging.Formatter("(VLLMFMT pid=%(process)d) %(levelname)s [%(filename)s:%(lineno)d] %(message)s")
+    )
     handler.setLevel(logging.INFO)
     return handler, stream
 

@@ -125,7 +125,9 @@ def assert_same_output(got: Completion, want: Completion, what: str = "") -> Non
 
 # connector-open line as vLLM formats a worker's record:
 # "(Worker pid=123) INFO 12-01 08:39:07 [connector.py:184] EIC connector open: ..."
-VLLM_PREFIX = r"^\((?P<proc>Worker(?:_TP\d+)?) pid=(?P<pid>\d+)\) (?P<level>[A-Z]+) \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+\.py:\d+\] "
+VLLM_PREFIX = (
+    r"^\((?P<proc>Worker(?:_TP\d+)?) pid=(?P<pid>\d+)\) (?P<level>[A-Z]+) \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+\.py:\d+\] "
+)
 
 
 def open_line(remote_url: str) -> str:

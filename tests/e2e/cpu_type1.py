@@ -37,12 +37,11 @@ import aibrix_kvcache.cache_manager as _cache_manager  # noqa: E402
 
 _cache_manager.TESTING_DISABLE_PIN_MEMORY = True
 
+import kv_layout  # noqa: E402
 from aibrix_kvcache import KVCacheBlockLayout  # noqa: E402
 from aibrix_kvcache.integration.vllm.kv_connector import (  # noqa: E402
     aibrix_offloading_connector_type1 as _type1,
 )
-
-import kv_layout  # noqa: E402
 
 CPU_BACKEND = "CPU_ATTN"
 
@@ -52,14 +51,32 @@ def _check_copy_args(kv_cache_dtype: str, layout: str) -> None:
     assert layout == KVCacheBlockLayout.LCND.name, f"the CPU adapter copies LCND blocks only, got {layout}"
 
 
-def _onload(blocks, kv_caches, slot_mapping, block_size, kv_cache_dtype, k_scales, v_scales, layout,
-            kv_layout_blocks_first=False):
+def _onload(
+    blocks,
+    kv_caches,
+    slot_mapping,
+    block_size,
+    kv_cache_dtype,
+    k_scales,
+    v_scales,
+    layout,
+    kv_layout_blocks_first=False,
+):
     _check_copy_args(kv_cache_dtype, layout)
     kv_layout.onload(blocks, kv_caches, slot_mapping)
 
 
-def _offload(blocks, kv_caches, slot_mapping, block_size, kv_cache_dtype, k_scales, v_scales, layout,
-             kv_layout_blocks_first=False):
+def _offload(
+    blocks,
+    kv_caches,
+    slot_mapping,
+    block_size,
+    kv_cache_dtype,
+    k_scales,
+    v_scales,
+    layout,
+    kv_layout_blocks_first=False,
+):
     _check_copy_args(kv_cache_dtype, layout)
     kv_layout.offload(blocks, kv_caches, slot_mapping)
 

@@ -64,9 +64,7 @@ def _build_tokenizer(out: Path) -> None:
         show_progress=False,
     )
     tokenizer.train_from_iterator(_corpus(random.Random(SEED)), trainer=trainer)
-    wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     wrapped.save_pretrained(out)
 
 

@@ -103,16 +103,27 @@ class Server:
             )
         self.env.update(env or {})
         self.argv = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(model_dir),
-            "--served-model-name", MODEL_NAME,
-            "--host", "127.0.0.1",
-            "--port", str(self.port),
-            "--dtype", "float32",  # vLLM-CPU would downcast fp32 to bf16
-            "--block-size", str(ENGINE_BLOCK),
-            "--max-model-len", "4096",
-            "--max-num-seqs", "16",
-            "--seed", "0",
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model_dir),
+            "--served-model-name",
+            MODEL_NAME,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            "float32",  # vLLM-CPU would downcast fp32 to bf16
+            "--block-size",
+            str(ENGINE_BLOCK),
+            "--max-model-len",
+            "4096",
+            "--max-num-seqs",
+            "16",
+            "--seed",
+            "0",
             # no torch.compile: starts do not depend on a compiler or its cache
             "--enforce-eager",
             "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
@@ -123,10 +134,14 @@ class Server:
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> "Server":
-        self._log = open(self.log_path, "ab")
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - the server writes to it until stop()
         self.proc = subprocess.Popen(
-            self.argv, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            self.argv,
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         return self
 
@@ -134,7 +149,9 @@ class Server:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise ServerError(f"{self.name}: server exited with {self.proc.returncode} before /health\n{self.tail()}")
+                raise ServerError(
+                    f"{self.name}: server exited with {self.proc.returncode} before /health\n{self.tail()}"
+                )
             if self.healthy():
                 return self
             time.sleep(0.5)
@@ -230,8 +247,10 @@ class Server:
             if len(found) >= count:
                 return found
             if time.monotonic() > deadline:
-                raise ServerError(f"{self.name}: {count}x /{pattern}/ not in the log after {timeout_s:.0f}s "
-                                  f"({len(found)} found)\n{self.tail()}")
+                raise ServerError(
+                    f"{self.name}: {count}x /{pattern}/ not in the log after {timeout_s:.0f}s "
+                    f"({len(found)} found)\n{self.tail()}"
+                )
             time.sleep(0.2)
 
     def reuse(self, completion: Completion, timeout_s: float = 10.0) -> int:
@@ -299,4 +318,6 @@ class Server:
             if len(done) >= processes:
                 return [json.loads(p.read_text()) for p in done]
             time.sleep(0.2)
-        raise ServerError(f"{self.name}: probe command {name} not done in {processes} processes within {timeout_s:.0f}s")
+        raise ServerError(
+            f"{self.name}: probe command {name} not done in {processes} processes within {timeout_s:.0f}s"
+        )

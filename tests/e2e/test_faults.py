@@ -11,8 +11,16 @@ shrink to a shorter prefix.
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import FULL_REUSE, PROMPTS, VLLM_PREFIX, assert_same_output, open_line, start_server, stop_server, write_config
-
+from conftest import (
+    FULL_REUSE,
+    PROMPTS,
+    VLLM_PREFIX,
+    assert_same_output,
+    open_line,
+    start_server,
+    stop_server,
+    write_config,
+)
 from server import ENGINE_BLOCK
 
 REMOTE_URL = "local://faults?seed=7"
@@ -35,7 +43,7 @@ def server(model_dir, workdir, baseline):
 
 def test_pth_hook_alone_installs_our_connector(server):
     (match,) = server.wait_log(open_line(REMOTE_URL))
-    assert "connected=False" in server.log()[match.end():].splitlines()[0]
+    assert "connected=False" in server.log()[match.end() :].splitlines()[0]
 
 
 def test_unreachable_at_start_serves_without_reuse(server, baseline):

@@ -1,10 +1,9 @@
 """The e2e adapter's vectorised KV copies equal a per-token reference, both ways."""
 
+import kv_layout
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import kv_layout
 
 
 def reference_onload(blocks, layer_caches, slot_mapping):
@@ -60,7 +59,9 @@ def _tensors(layout, dtype=torch.float32):
         torch.randn((num_engine_blocks, heads, block_size, 2 * head_size), generator=gen).to(dtype)
         for _ in range(layers)
     ]
-    blocks = [torch.randn((layers, 2, block_tokens, heads, head_size), generator=gen).to(dtype) for _ in range(num_blocks)]
+    blocks = [
+        torch.randn((layers, 2, block_tokens, heads, head_size), generator=gen).to(dtype) for _ in range(num_blocks)
+    ]
     return caches, blocks, torch.tensor(slots, dtype=torch.long)
 
 

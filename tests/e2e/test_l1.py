@@ -10,7 +10,6 @@ import time
 
 import pytest
 from conftest import FULL_REUSE, PROMPTS, assert_same_output, open_line, start_server, stop_server, write_config
-
 from server import ENGINE_BLOCK, ServerError
 
 REMOTE_URL = "local://l1on?seed=2"

@@ -9,8 +9,16 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import FULL_REUSE, PROMPTS, VLLM_PREFIX, assert_same_output, open_line, start_server, stop_server, write_config
-
+from conftest import (
+    FULL_REUSE,
+    PROMPTS,
+    VLLM_PREFIX,
+    assert_same_output,
+    open_line,
+    start_server,
+    stop_server,
+    write_config,
+)
 from server import ENGINE_BLOCK
 
 REMOTE_URL = "local://l1off?seed=1"
@@ -87,7 +95,8 @@ def test_reloaded_kv_really_comes_from_our_store(server, baseline):
     assert "corrupted" in result["l1off"]
     poisoned = server.complete(PROMPTS["p0"])
     assert server.reuse(poisoned) == FULL_REUSE
-    assert poisoned.token_ids != baseline["p0"].token_ids or max(
-        abs(a - b) for a, b in zip(poisoned.logprobs, baseline["p0"].logprobs)
-    ) > 1.0
+    assert (
+        poisoned.token_ids != baseline["p0"].token_ids
+        or max(abs(a - b) for a, b in zip(poisoned.logprobs, baseline["p0"].logprobs)) > 1.0
+    )
     assert re.search(VLLM_PREFIX, server.log(), re.MULTILINE)

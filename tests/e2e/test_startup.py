@@ -30,9 +30,7 @@ CREATE_EIC = textwrap.dedent(
 def _create_eic(env: dict[str, str]) -> str:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "AIBRIX_"))}
     clean.update(env, AIBRIX_KV_CACHE_OL_L2_CACHE_BACKEND="EIC")
-    run = subprocess.run(
-        [sys.executable, "-c", CREATE_EIC], env=clean, capture_output=True, text=True, timeout=120
-    )
+    run = subprocess.run([sys.executable, "-c", CREATE_EIC], env=clean, capture_output=True, text=True, timeout=120)
     lines = [line for line in run.stdout.splitlines() if line.startswith(("CREATED", "FAILED"))]
     assert run.returncode == 0 and lines, f"rc={run.returncode}\n{run.stdout}\n{run.stderr[-3000:]}"
     return lines[-1]
@@ -48,8 +46,11 @@ NOT_OURS_PLUGINS = {"VLLM_PLUGINS": "lora_filesystem_resolver"}
         ("pth hook alone", NOT_OURS_PLUGINS, OURS),
         ("entry point alone", {"AIBRIX_EIC_DISABLE_AUTOLOAD": "1"}, OURS),
         # AIBrix falls back to its own EIC connector, which needs the vendor SDK
-        ("both disabled", {"AIBRIX_EIC_DISABLE_AUTOLOAD": "1", **NOT_OURS_PLUGINS},
-         "FAILED ModuleNotFoundError: No module named 'eic'"),
+        (
+            "both disabled",
+            {"AIBRIX_EIC_DISABLE_AUTOLOAD": "1", **NOT_OURS_PLUGINS},
+            "FAILED ModuleNotFoundError: No module named 'eic'",
+        ),
     ],
 )
 def test_install_routes(route, env, expected):

@@ -3,7 +3,6 @@ partition of the KV heads, and reloads through both give right outputs."""
 
 import pytest
 from conftest import FULL_REUSE, PROMPTS, assert_same_output, open_line, start_server, stop_server, write_config
-
 from server import ENGINE_BLOCK
 
 REMOTE_URL = "local://tp2?seed=3"
@@ -13,7 +12,9 @@ REMOTE_URL = "local://tp2?seed=3"
 def server(model_dir, workdir, baseline):
     config = write_config(workdir, "tp2", f"remote_url: {REMOTE_URL}\n")
     server = start_server(
-        "tp2", model_dir, workdir,
+        "tp2",
+        model_dir,
+        workdir,
         # one core per rank: vLLM's automatic binding wants a NUMA node per rank
         env={"AIBRIX_KV_CACHE_OL_EIC_CONFIG": str(config), "VLLM_CPU_OMP_THREADS_BIND": "0|1"},
         args=["--tensor-parallel-size", "2"],

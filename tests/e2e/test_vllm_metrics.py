@@ -2,11 +2,10 @@
 set, vLLM's API server collects every process's series, and the TP worker's
 aibrix_eic_* series move with an offload and a reload."""
 
-from prometheus_client.parser import text_string_to_metric_families
 import urllib.request
 
 from conftest import FULL_REUSE, PROMPTS, start_server, stop_server, write_config
-
+from prometheus_client.parser import text_string_to_metric_families
 from server import ENGINE_BLOCK
 
 REMOTE_URL = "local://metrics?seed=1"
