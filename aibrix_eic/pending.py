@@ -123,8 +123,8 @@ class PendingTable:
     def idle(self) -> bool:
         return not self.queued and not self.inflight and not self.lost
 
-    def fits(self, nbytes: int) -> bool:
-        return self.counted_bytes + nbytes <= self.max_bytes
+    def fits(self, nbytes: int, limit: int) -> bool:
+        return self.counted_bytes + nbytes <= limit
 
     def lookup(self, key: str):
         """The newest write of key (an Entry), LOST, or None (ask EIC). A

@@ -34,6 +34,10 @@ from .pending import LOST, Ack, Finished, PendingTable
 from .request_guard import hold, release
 from .resilience import Deadline
 
+# Pending writes hold regions of AIBrix's allocator; past this share of the
+# memory registered with us (the allocator's slabs) puts wait instead, so
+# allocate_for keeps finding memory when the allocator is small (L1 off).
+SLAB_SHARE = 4
 _CLOSED = Status(StatusCodes.ERROR, "put skipped: the EIC connector is closing")
 
 
@@ -48,6 +52,7 @@ class WriteBehind:
         self._accept_early = config.put_mode == "write_behind"
         self.table = PendingTable(config.write_behind_max_bytes, config.write_behind_max_age_ms / 1000)
         self._flusher = Flusher(self.table, config, link, dispatcher, counters, rate_log)
+        self._limit_for: tuple[int, int] = (-1, config.write_behind_max_bytes)  # (regions seen, limit)
 
     # ---------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -98,7 +103,7 @@ class WriteBehind:
             if not self._flusher.running:
                 release(mrs)
                 return _CLOSED
-            early = self._accept_early and table.fits(nbytes)
+            early = self._accept_early and table.fits(nbytes, self._byte_limit())
             if not early:
                 ack = Ack(len(eic_keys), asyncio.get_running_loop())
             table.add(eic_keys, buffers, mrs, time.monotonic(), early, ack, done)
@@ -116,6 +121,19 @@ class WriteBehind:
         if status.is_ok():
             return [OK] * len(eic_keys)
         return Status(status.error_code, f"{len(eic_keys)} blocks put, some not stored: {status.value}")
+
+    def _byte_limit(self) -> int:
+        """write_behind_max_bytes, or 1/SLAB_SHARE of the registered memory
+        if that is less (recomputed when registrations change)."""
+        regions = self._link.regions
+        seen, limit = self._limit_for
+        if seen != len(regions):
+            slab_bytes = sum(nbytes for _, nbytes in regions.all())
+            limit = self._config.write_behind_max_bytes
+            if slab_bytes:
+                limit = min(limit, slab_bytes // SLAB_SHARE)
+            self._limit_for = (len(regions), limit)
+        return limit
 
     # ------------------------------------------------------------ reading
     def read(self, eic_keys: Sequence[str], dests: Sequence[MemoryRegion]) -> list:
