@@ -244,5 +244,10 @@ def test_connector_never_serves_wrong_bytes_under_faults(machine):
         ),
     )
     assert COVERAGE["steps"] >= 1000, COVERAGE
-    for exercised in ("ok_gets_checked", "partial_gets", "timeouts", "breaker_trips", "retries", "fast_fails"):
+    # Queued puts make partial gets depend on thread timing (not on the seed),
+    # so those machines do not require one; test_write_behind.py has a fixed one.
+    required = ("ok_gets_checked", "timeouts", "breaker_trips", "retries", "fast_fails")
+    if machine is FaultyConnectorMachine:
+        required += ("partial_gets",)
+    for exercised in required:
         assert COVERAGE.get(exercised, 0) > 0, f"the run never exercised {exercised}: {COVERAGE}"

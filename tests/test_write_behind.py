@@ -111,6 +111,19 @@ def test_a_region_is_never_reused_while_its_write_is_pending(make_rig):
     assert get(rig, b"p" * 16)[1] == payload(7)
 
 
+def test_a_get_over_pending_and_missing_blocks_is_prefix_closed(make_rig):
+    rig = make_rig()
+    rig.store.faults.latency_s = 0.2
+    put(rig, b"1" * 16, 1)
+    put(rig, b"3" * 16, 3)
+    mrs = rig.blocks(3)
+    statuses = rig.run(rig.conn.mget([b"1" * 16, b"2" * 16, b"3" * 16], mrs))
+    assert [s.is_ok() for s in statuses] == [True, False, False]  # 3 is pending, but after a miss
+    assert rig.read(mrs[0]) == payload(1)
+    rig.release(mrs)
+    idle(rig)
+
+
 def test_concurrent_puts_share_batched_msets(make_rig, monkeypatch):
     rig = make_rig(put_mode="coalesce")
     rig.store.faults.latency_s = 0.002
