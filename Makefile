@@ -19,7 +19,7 @@ E2E_PY := $(E2E_VENV)/bin/python
 E2E_PIP := $(E2E_PY) -m pip install --disable-pip-version-check -qq
 E2E_REQS := tests/e2e/requirements.txt tests/e2e/requirements-nodeps.txt
 
-.PHONY: setup test lint bench check clean e2e-setup e2e e2e-bench
+.PHONY: setup test lint bench check clean e2e-setup e2e e2e-bench aibrix-suites
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -36,6 +36,14 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+
+# AIBrix's own L2Cache and cache-manager suites against our connector. They
+# are not in the aibrix-kvcache wheel, so they come from an AIBrix checkout:
+#   git clone https://github.com/vllm-project/aibrix ../aibrix
+#   make aibrix-suites AIBRIX_SRC=../aibrix
+AIBRIX_SRC ?= ../aibrix
+aibrix-suites: $(STAMP)
+	AIBRIX_TESTS_DIR=$(abspath $(AIBRIX_SRC))/python/aibrix_kvcache/tests $(PY) -m pytest -rs tests/test_aibrix_suites.py
 
 bench: $(STAMP)
 	$(VENV)/bin/aibrix-eic bench $(BENCH_ARGS)
