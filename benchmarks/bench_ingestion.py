@@ -176,6 +176,13 @@ def wait_in_store(store, count: int, timeout_s: float = 30.0) -> float:
     return time.perf_counter()
 
 
+def settle(cache, who: str) -> None:
+    """No write of an earlier step still running: AIBrix's async ones, ours."""
+    cache.flush()
+    if who == "write_behind":
+        assert cache._l2_cache._backend.write_behind.wait_idle(30)
+
+
 def readable(cache, query, seed: int) -> float:
     """Share of the blocks read back exactly from L2 (L1 dropped first)."""
     cache._l1_cache.delete(None, query)
@@ -208,7 +215,9 @@ def ingest(runs: Runs, who: str, block: str, latency_ms: float, inflight: int, r
                     puts.append(returned - started)
                     in_l2.append(landed - started)
                 continue
+            settle(cache, who)
             share = readable(cache, query, r)
+            settle(cache, who)  # the reads above put the blocks back into L1, and so into L2 (ALL)
             cache._l1_cache.delete(None, query)
             reload_started = time.perf_counter()
             status = cache.acquire(None, query)
