@@ -40,9 +40,7 @@ _ESCAPE = re.compile(r"~([0-9a-f]{2})")
 
 def escape_field(text: str) -> str:
     """Injective escape of text into [A-Za-z0-9_~-], bounded in length."""
-    escaped = "".join(
-        chr(b) if b in _UNESCAPED else f"~{b:02x}" for b in text.encode("utf-8")
-    )
+    escaped = "".join(chr(b) if b in _UNESCAPED else f"~{b:02x}" for b in text.encode("utf-8"))
     if len(escaped) <= FIELD_MAX:
         return escaped
     digest = hashlib.blake2b(text.encode("utf-8"), digest_size=FIELD_DIGEST_BYTES)

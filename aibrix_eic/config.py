@@ -120,9 +120,7 @@ class EICConfig:
         if data is None:
             raise ConfigError(path, None, "is empty; expected a mapping with at least remote_url")
         if not isinstance(data, dict):
-            raise ConfigError(
-                path, None, f"expected a mapping of keys to values, got a YAML {type(data).__name__}"
-            )
+            raise ConfigError(path, None, f"expected a mapping of keys to values, got a YAML {type(data).__name__}")
         if "remote_url" not in data:
             raise ConfigError(path, "remote_url", "is required (eic://host:port or local://)")
         return cls.from_mapping(data, source=path)
@@ -161,13 +159,9 @@ class EICConfig:
             )
         if scheme == "eic":
             if not rest.strip("/"):
-                raise ConfigError(
-                    self.source, "remote_url", f"eic:// needs a host:port, got {self.remote_url!r}"
-                )
+                raise ConfigError(self.source, "remote_url", f"eic:// needs a host:port, got {self.remote_url!r}")
             if not self.eic_instance_id:
-                raise ConfigError(
-                    self.source, "eic_instance_id", "is required for eic:// (the EIC cluster UUID)"
-                )
+                raise ConfigError(self.source, "eic_instance_id", "is required for eic:// (the EIC cluster UUID)")
         else:
             from .engine.registry import parse_endpoint
 
@@ -181,9 +175,7 @@ class EICConfig:
             )
         if self.eic_flag_file is not None and not os.path.isfile(self.eic_flag_file):
             raise ConfigError(self.source, "eic_flag_file", f"{self.eic_flag_file} does not exist")
-        if self.eic_log_dir is not None and os.path.exists(self.eic_log_dir) and not os.path.isdir(
-            self.eic_log_dir
-        ):
+        if self.eic_log_dir is not None and os.path.exists(self.eic_log_dir) and not os.path.isdir(self.eic_log_dir):
             raise ConfigError(self.source, "eic_log_dir", f"{self.eic_log_dir} exists and is not a directory")
         if self.retry_backoff_max_ms < self.retry_backoff_ms:
             raise ConfigError(

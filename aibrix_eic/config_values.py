@@ -122,9 +122,7 @@ def _model_id(source: str, key: str, raw: Any) -> str | None:
     if raw is None:
         return None
     if not isinstance(raw, str):  # a YAML number would lose digits (3.10 -> 3.1)
-        raise ConfigError(
-            source, key, f"expected a string naming the model (quote it), got {_type_name(raw)} {raw!r}"
-        )
+        raise ConfigError(source, key, f"expected a string naming the model (quote it), got {_type_name(raw)} {raw!r}")
     text = raw.strip()
     if not text:
         raise ConfigError(source, key, "is empty; leave it out or name the model (for example llama3-70b-ft-2026-11)")

@@ -48,6 +48,7 @@ from .write_behind import WriteBehind
 
 logger = logging.getLogger(__name__)
 
+
 class EICConnector(Connector[bytes, torch.Tensor]):
     """AIBrix L2 connector for EIC (or the embedded engine)."""
 

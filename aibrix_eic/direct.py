@@ -75,7 +75,9 @@ class DirectRequests:
         self._counters.add(gets=1, get_blocks=len(keys), get_hits=loaded, **unloaded_reasons(chunks))
         return statuses
 
-    async def mput(self, session: Session, keys: Sequence[bytes], mrs: Sequence[MemoryRegion]) -> Sequence[Status] | Status:
+    async def mput(
+        self, session: Session, keys: Sequence[bytes], mrs: Sequence[MemoryRegion]
+    ) -> Sequence[Status] | Status:
         chunks = self._held_chunks(session, keys, mrs, "mput")
         if isinstance(chunks, Status):
             return chunks

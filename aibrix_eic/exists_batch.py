@@ -116,4 +116,6 @@ class ExistsBatcher:
         self._counters.metrics.count_requests("exists", "timeout", sum(1 for w in waiters if not w.done()))
         self._link.breaker.record_failure(f"exists exceeded exists_timeout_ms={timeout_ms:g}")
         self._rate_log.log("exists-timeout", logging.WARNING, "EIC exists exceeded exists_timeout_ms=%g", timeout_ms)
-        answer(waiters, 0, len(waiters), Status(StatusCodes.TIMEOUT, f"exists exceeded exists_timeout_ms={timeout_ms:g}"))
+        answer(
+            waiters, 0, len(waiters), Status(StatusCodes.TIMEOUT, f"exists exceeded exists_timeout_ms={timeout_ms:g}")
+        )

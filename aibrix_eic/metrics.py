@@ -57,6 +57,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+
 class ConnectorMetrics:
     """One connector's series, bound to its labels."""
 
@@ -287,7 +288,9 @@ def for_connector(config: Any, conn_id: str) -> "ConnectorMetrics | NoMetrics":
     port = getattr(config, "metrics_port", None)
     if port is not None:
         start_exporter(port)
-    connector_metrics = ConnectorMetrics(config.eic_kv_ns, getattr(config, "model_id", None) or "", partition_of(conn_id))
+    connector_metrics = ConnectorMetrics(
+        config.eic_kv_ns, getattr(config, "model_id", None) or "", partition_of(conn_id)
+    )
     _sample(connector_metrics)
     return connector_metrics
 

@@ -133,9 +133,7 @@ class SdkClient:
         if len(codes) != nkeys:
             # Without one code per key nothing can be confirmed, so nothing
             # counts as stored or loaded.
-            return CallResult(
-                [FAIL] * nkeys, True, f"{op} {status} with {len(codes)} codes for {nkeys} keys"
-            )
+            return CallResult([FAIL] * nkeys, True, f"{op} {status} with {len(codes)} codes for {nkeys} keys")
         success, key_not_exist, rejecting = self._success, self._key_not_exist, self._rejecting
         outcomes = [
             HIT if code == success else MISS if code == key_not_exist else REJECTED if code in rejecting else FAIL

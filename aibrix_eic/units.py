@@ -74,7 +74,7 @@ def parse_duration(text: str | int | float) -> float:
 
 
 def exact_size_text(nbytes: int) -> str:
-    """"64GiB" when nbytes is a whole number of a binary unit, else bytes:
+    """ "64GiB" when nbytes is a whole number of a binary unit, else bytes:
     for bounds in messages and docs, where "64.0GiB" would read as rounded."""
     for unit, factor in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if nbytes >= factor and nbytes % factor == 0:
@@ -83,7 +83,7 @@ def exact_size_text(nbytes: int) -> str:
 
 
 def format_size(nbytes: int) -> str:
-    """"2.0MiB"-style text for logs and reports."""
+    """ "2.0MiB"-style text for logs and reports."""
     value = float(nbytes)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(value) < 1024 or unit == "GiB":

@@ -153,8 +153,7 @@ def main(argv=None) -> int:
         "goal_us": GOAL_US,
         "goal_met": worst < GOAL_US,
         "manager_exists_ratio_to_mock_noop": manager["eic_breaker_open_exists_us"] / manager["mock_noop_exists_us"],
-        "manager_acquire_ratio_to_mock_noop": manager["eic_breaker_open_acquire_us"]
-        / manager["mock_noop_acquire_us"],
+        "manager_acquire_ratio_to_mock_noop": manager["eic_breaker_open_acquire_us"] / manager["mock_noop_acquire_us"],
     }
     if args.json:
         print(json.dumps(report, indent=2))
@@ -163,7 +162,9 @@ def main(argv=None) -> int:
         print(f"  {'await of an empty coroutine':36s} {connector['await_empty_coroutine_us']:8.2f} us  (floor)")
         for key in op_keys:
             print(f"  {'connector ' + key[:-3]:36s} {connector[key]:8.2f} us")
-        print(f"  worst connector op {worst:.2f} us; goal < {GOAL_US:.0f} us: {'met' if report['goal_met'] else 'MISSED'}")
+        print(
+            f"  worst connector op {worst:.2f} us; goal < {GOAL_US:.0f} us: {'met' if report['goal_met'] else 'MISSED'}"
+        )
         print(f"Through BaseKVCacheManager ({BLOCKS} blocks), vs AIBrix MOCK no-op backend:")
         for op in ("exists", "acquire"):
             mock, ours = manager[f"mock_noop_{op}_us"], manager[f"eic_breaker_open_{op}_us"]

@@ -96,7 +96,9 @@ class Workload:
             block_ntokens=BLOCK_NTOKENS,
             block_dtype=torch.bfloat16,
             block_layout=KVCacheBlockLayout.LCND,
-            tensor_spec=KVCacheTensorSpec(heads=list(range(self.heads)), layers=list(range(self.layers)), head_size=128),
+            tensor_spec=KVCacheTensorSpec(
+                heads=list(range(self.heads)), layers=list(range(self.layers)), head_size=128
+            ),
         )
 
     @property
@@ -275,9 +277,7 @@ class Bench:
         self.workload = workload
         nbytes = workload.block_nbytes
         rng = np.random.default_rng(workload.nblocks)
-        self.tokens = TokenListView(
-            rng.integers(0, 128_000, size=workload.nblocks * BLOCK_NTOKENS, dtype=np.int32)
-        )
+        self.tokens = TokenListView(rng.integers(0, 128_000, size=workload.nblocks * BLOCK_NTOKENS, dtype=np.int32))
         self.src = self._mrs(allocator, nbytes, workload.nblocks)
         for mr in self.src:
             mr.to_tensor().copy_(torch.from_numpy(rng.integers(0, 256, size=nbytes, dtype=np.uint8)))
@@ -402,7 +402,9 @@ def interleaved(timed_call, names, iterations: int) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def time_open(builder: Builder, condition: Condition, workload: Workload, iterations: dict[str, int]) -> dict[str, float]:
+def time_open(
+    builder: Builder, condition: Condition, workload: Workload, iterations: dict[str, int]
+) -> dict[str, float]:
     samples: dict[str, list[float]] = {name: [] for name in CONNECTORS}
     for round_index in range(max(iterations.values())):
         for name in CONNECTORS:
@@ -524,8 +526,12 @@ def render(results: dict) -> str:
         + " ".join(f"{name:>9}" for name in columns)
         + f"   {'ours/memcpy':>11} {'ours/upstream':>13}"
     )
-    lines = ["Median ms per call (noop: L2Cache around a connector that does nothing; engine: the SDK calls alone)", "",
-             header, "-" * len(header)]
+    lines = [
+        "Median ms per call (noop: L2Cache around a connector that does nothing; engine: the SDK calls alone)",
+        "",
+        header,
+        "-" * len(header),
+    ]
     for condition, section in results["conditions"].items():
         for workload in WORKLOADS:
             data = section[workload.name]
@@ -550,9 +556,14 @@ def render(results: dict) -> str:
             f"{condition:<9} {'open()':<13} {'':<6} {opened['ours'] * 1000:9.2f} {opened['upstream'] * 1000:9.2f}"
             f"{'':>30}   {'-':>11} {opened['upstream'] / opened['ours']:12.2f}x"
         )
-    lines += ["", "Ratios are of median times; above 1 means ours is faster.", "", "Goals (best possible: a connector "
-              "that costs nothing itself, with the same L2Cache and SDK calls, copies split over "
-              f"{CPUS} CPUs):"]
+    lines += [
+        "",
+        "Ratios are of median times; above 1 means ours is faster.",
+        "",
+        "Goals (best possible: a connector "
+        "that costs nothing itself, with the same L2Cache and SDK calls, copies split over "
+        f"{CPUS} CPUs):",
+    ]
     for goal in GOALS:
         ratio = goal_ratio(results, goal)
         bound = goal_bound(results, goal)
@@ -607,12 +618,18 @@ def main() -> int:
     results["iterations"] = args.iterations
     results["wall_s"] = time.perf_counter() - started
     results["goals"] = {
-        goal.text: {"ratio": goal_ratio(results, goal), "best_possible": goal_bound(results, goal), "minimum": goal.minimum}
+        goal.text: {
+            "ratio": goal_ratio(results, goal),
+            "best_possible": goal_bound(results, goal),
+            "minimum": goal.minimum,
+        }
         for goal in GOALS
     }
     print(render(results))
-    print(f"\n{args.iterations} rounds per measurement, {results['wall_s']:.0f} s in all, "
-          f"{os.cpu_count()} CPUs, torch {torch.__version__}")
+    print(
+        f"\n{args.iterations} rounds per measurement, {results['wall_s']:.0f} s in all, "
+        f"{os.cpu_count()} CPUs, torch {torch.__version__}"
+    )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fout:
             json.dump(results, fout, indent=2)

@@ -58,8 +58,19 @@ def test_json_has_the_fields(capsys):
 
 
 def test_seventy_b_tp8_shape_is_forty_kib_per_token(capsys):
-    code, out, _ = run_bench(capsys, "--model", "llama3-70b-tp8", "--tokens", "100", "--requests", "1",
-                             "--warmup", "0", "--json", "--no-progress")
+    code, out, _ = run_bench(
+        capsys,
+        "--model",
+        "llama3-70b-tp8",
+        "--tokens",
+        "100",
+        "--requests",
+        "1",
+        "--warmup",
+        "0",
+        "--json",
+        "--no-progress",
+    )
     assert code == 0
     summary = json.loads(out)
     assert summary["bytes_per_token"] == 40 * 1024
@@ -189,7 +200,12 @@ def test_progress_bar_is_silent_when_piped():
 
 @pytest.mark.parametrize(
     "name, bytes_per_token",
-    [("llama3-8b", 128 * 1024), ("llama3-70b-tp8", 40 * 1024), ("llama3-70b-tp4", 80 * 1024), ("qwen2.5-7b", 56 * 1024)],
+    [
+        ("llama3-8b", 128 * 1024),
+        ("llama3-70b-tp8", 40 * 1024),
+        ("llama3-70b-tp4", 80 * 1024),
+        ("qwen2.5-7b", 56 * 1024),
+    ],
 )
 def test_shapes_bytes_per_token(name, bytes_per_token):
     shape = SHAPES[name]
@@ -205,7 +221,10 @@ def test_console_script_bench_json():
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIBRIX_KV_CACHE_OL_EIC_CONFIG")}
     done = subprocess.run(
         [script, "bench", "--tokens", "32", "--requests", "1", "--warmup", "0", "--json"],
-        env=env, capture_output=True, text=True, timeout=120,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["hit_rate"] == 1.0

@@ -35,8 +35,19 @@ def verdict_of(output: str, step: str) -> str:
 
 
 STEPS = (
-    "config", "sdk", "connector", "open", "register", "put", "exists", "get",
-    "delete", "exists-after-delete", "namespace", "ttl", "close",
+    "config",
+    "sdk",
+    "connector",
+    "open",
+    "register",
+    "put",
+    "exists",
+    "get",
+    "delete",
+    "exists-after-delete",
+    "namespace",
+    "ttl",
+    "close",
 )
 
 

@@ -83,7 +83,9 @@ def render_kustomization(directory: Path) -> list[dict]:
         for entry in generator["files"]:
             key, _, name = entry.partition("=")
             data[key] = (directory / (name or key)).read_text()
-        generated.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": generator["name"]}, "data": data})
+        generated.append(
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": generator["name"]}, "data": data}
+        )
     objects = generated + objects
     for patch in spec.get("patches", []):
         target = patch["target"]
@@ -324,7 +326,9 @@ def exported_series() -> dict[str, set[str]]:
     series: dict[str, set[str]] = {}
     for family in REGISTRY.collect():
         for sample in family.samples:
-            if sample.name.startswith("aibrix_eic_") and not sample.name.endswith("_created"):  # not in multiprocess mode
+            if sample.name.startswith("aibrix_eic_") and not sample.name.endswith(
+                "_created"
+            ):  # not in multiprocess mode
                 series.setdefault(sample.name, set()).update(sample.labels)
     return series
 
@@ -334,7 +338,9 @@ def label_values() -> dict[str, set[str]]:
 
     return {
         "op": set(metrics.OPS),
-        "outcome": {o for outcomes in (*metrics.REQUEST_OUTCOMES.values(), *metrics.BLOCK_OUTCOMES.values()) for o in outcomes},
+        "outcome": {
+            o for outcomes in (*metrics.REQUEST_OUTCOMES.values(), *metrics.BLOCK_OUTCOMES.values()) for o in outcomes
+        },
         "direction": {"in", "out"},
     }
 
@@ -360,10 +366,14 @@ def check_promql(where: str, expr: str) -> list[str]:
             for matcher in node.matchers.matchers:
                 assert matcher.name in series[node.name], f"{where}: {node.name} has no label {matcher.name!r}"
                 if matcher.name in values and matcher.op == promql_parser.MatchOp.Equal:
-                    assert matcher.value in values[matcher.name], f"{where}: {matcher.name}={matcher.value!r} never occurs"
+                    assert matcher.value in values[matcher.name], (
+                        f"{where}: {matcher.name}={matcher.value!r} never occurs"
+                    )
                 if matcher.name in values and matcher.op in (promql_parser.MatchOp.Re, promql_parser.MatchOp.NotRe):
                     for alternative in matcher.value.split("|"):
-                        assert alternative in values[matcher.name], f"{where}: {matcher.name}=~{alternative!r} never occurs"
+                        assert alternative in values[matcher.name], (
+                            f"{where}: {matcher.name}=~{alternative!r} never occurs"
+                        )
         if isinstance(node, promql_parser.AggregateExpr) and node.modifier is not None:
             ours = set().union(*series.values())
             for label in node.modifier.labels:

@@ -58,9 +58,7 @@ class Session:
             # On a shared cluster, test values age out on their own.
             ttl = -1 if self.target.is_engine else 600
         option.ttl_second = ttl
-        status, outcome = self.client.mset(
-            self.keys(items), self.iobuffers(items.values(), registered), option
-        )
+        status, outcome = self.client.mset(self.keys(items), self.iobuffers(items.values(), registered), option)
         return status, list(outcome.status_codes)
 
     def get(self, sizes: dict, ns=None):

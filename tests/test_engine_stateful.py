@@ -168,7 +168,5 @@ class EngineAgainstModel(RuleBasedStateMachine):
         assert self.store.held_bytes <= self.capacity
 
 
-EngineAgainstModel.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=40, deadline=None
-)
+EngineAgainstModel.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 test_engine_matches_an_lru_model = EngineAgainstModel.TestCase

@@ -32,9 +32,7 @@ except Exception as e:
 def run_fresh(code: str, **env: str) -> str:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("AIBRIX_")}
     environ.update(env)
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=120
-    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=120)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
 
@@ -119,7 +117,11 @@ BAD_CONFIGS = [
     ("unknown key", "remote_url: local://\neic_kv_namespace: a\n", "did you mean 'eic_kv_ns'"),
     ("bad url", "remote_url: redis://x:1\n", "remote_url: expected eic://host:port or local://"),
     ("sdk missing", "remote_url: eic://10.0.0.1:12500\neic_instance_id: abc\n", "needs the EIC Python SDK"),
-    ("transport the sdk lacks", "remote_url: local://\neic_trans_type: 1\n", "eic_trans_type: 1 is not a value this SDK knows"),
+    (
+        "transport the sdk lacks",
+        "remote_url: local://\neic_trans_type: 1\n",
+        "eic_trans_type: 1 is not a value this SDK knows",
+    ),
 ]
 
 

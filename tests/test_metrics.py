@@ -350,7 +350,10 @@ def test_worker_processes_reach_a_multiprocess_collector(tmp_path):
     workers = [  # two TP ranks: heads 0-1 and 2-3
         subprocess.Popen(
             [sys.executable, "-c", WORKER.format(tests=tests_dir, first_head=first_head)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )  # fmt: skip
         for first_head in (0, 2)
     ]

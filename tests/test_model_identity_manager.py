@@ -149,9 +149,7 @@ def test_open_warns_loudly_only_when_nothing_identifies_the_model(monkeypatch, t
     assert len(warnings) == 1 and "model_id" in warnings[0].getMessage()
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="aibrix_eic"):
-        named = EICConnector(
-            EICConfig.from_mapping({"remote_url": SHARED_URL, "warmup_keys": 0, "model_id": "m"}), "c"
-        )
+        named = EICConnector(EICConfig.from_mapping({"remote_url": SHARED_URL, "warmup_keys": 0, "model_id": "m"}), "c")
         assert named.open().is_ok()
         assert named.health()["model_identity"].startswith(named.model_identity.token)
         named.close()

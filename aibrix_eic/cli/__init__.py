@@ -76,8 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--config", metavar="FILE", help=config_help)
     check.add_argument(
-        "--block-size", type=_size, metavar="SIZE", help="bytes of the test block (default: the config's "
-        "block_nbytes, else 2MiB)"
+        "--block-size",
+        type=_size,
+        metavar="SIZE",
+        help="bytes of the test block (default: the config's block_nbytes, else 2MiB)",
     )
     check.add_argument("--json", action="store_true", help="print one JSON document (a list of steps) instead of text")
     check.add_argument("-v", "--verbose", action="store_true", help="show library logs")
@@ -106,9 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--tokens", type=_whole_number(1), default=2048, help="prompt tokens per request (default 2048)")
     bench.add_argument("--requests", type=_whole_number(1), default=8, help="timed requests (default 8)")
-    bench.add_argument(
-        "--warmup", type=_whole_number(0), default=2, help="untimed requests first (default 2)"
-    )
+    bench.add_argument("--warmup", type=_whole_number(0), default=2, help="untimed requests first (default 2)")
     bench.add_argument("--seed", type=int, default=0, help="seed of the random prompts and KV bytes")
     bench.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     bench.add_argument("--plot", metavar="PNG", help="draw throughput and latency plots into this file")

@@ -132,7 +132,9 @@ def _backend_info(driver: ManagerDriver, connector) -> dict[str, Any]:
 
 def _exit_status(summary: dict[str, Any], err: TextIO) -> int:
     if summary["mismatched_blocks"]:
-        print(f"aibrix-eic bench: {summary['mismatched_blocks']} reloaded blocks differ from what was offloaded", file=err)
+        print(
+            f"aibrix-eic bench: {summary['mismatched_blocks']} reloaded blocks differ from what was offloaded", file=err
+        )
         return 1
     if summary["tokens"]["offered"] and not summary["tokens"]["reloaded"]:
         first = summary["errors"][0] if summary["errors"] else "every acquire missed"

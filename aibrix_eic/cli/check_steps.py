@@ -99,8 +99,7 @@ class CheckSteps:
         config = self.cfg
         source = path or "no config file: the embedded engine with default settings"
         return PASS, (
-            f"{source} (remote_url {config.remote_url}, eic_kv_ns {config.eic_kv_ns!r}, "
-            f"eic_kv_ttl {config.eic_kv_ttl})"
+            f"{source} (remote_url {config.remote_url}, eic_kv_ns {config.eic_kv_ns!r}, eic_kv_ttl {config.eic_kv_ttl})"
         )
 
     def check_sdk(self) -> tuple[str, str]:
@@ -166,11 +165,14 @@ class CheckSteps:
         if self.conn.breaker.tripped or not health["connected"]:
             reason = health["breaker_reason"].removeprefix("open: ") or "not connected"
             raise StepFailed(reason, what_to_fix(self.config, reason))
-        return PASS, f"connected to {self.cfg.remote_url} (includes the warm-up of {self.cfg.warmup_keys} keys); model identity {self.conn.model_identity.describe()}"
+        return (
+            PASS,
+            f"connected to {self.cfg.remote_url} (includes the warm-up of {self.cfg.warmup_keys} keys); model identity {self.conn.model_identity.describe()}",
+        )
 
     def register_buffer(self) -> tuple[str, str]:
-        block_nbytes = self.requested_block_nbytes or self.cfg.block_nbytes or min(
-            DEFAULT_BLOCK_NBYTES, self.cfg.max_value_bytes
+        block_nbytes = (
+            self.requested_block_nbytes or self.cfg.block_nbytes or min(DEFAULT_BLOCK_NBYTES, self.cfg.max_value_bytes)
         )
         # Two blocks: one written, one read back into.
         slab = torch.zeros(2 * block_nbytes, dtype=torch.uint8)
@@ -229,6 +231,7 @@ class CheckSteps:
         same EIC key string, asked for through a client whose options carry
         another namespace, must miss."""
         from ..codec import KeyCodec
+
         config = self.cfg
         other_ns = f"{config.eic_kv_ns}-{OTHER_NAMESPACE_SUFFIX}" if config.eic_kv_ns else OTHER_NAMESPACE_SUFFIX
         key = os.urandom(16)
@@ -240,7 +243,9 @@ class CheckSteps:
             raise StepFailed(f"a second client could not connect: {error}", what_to_fix(self.config, error))
         theirs, error = SdkClient.connect(self.sdk, dataclasses.replace(config, eic_kv_ns=other_ns))
         if theirs is None:
-            raise StepFailed(f"a client for namespace {other_ns!r} could not connect: {error}", what_to_fix(self.config, error))
+            raise StepFailed(
+                f"a client for namespace {other_ns!r} could not connect: {error}", what_to_fix(self.config, error)
+            )
         seen_here = ours.mexist([eic_key])
         if seen_here.outcomes != [HIT]:
             raise StepFailed(

@@ -49,9 +49,7 @@ class TtlSteps(CheckSteps):
                 raise StepFailed(f"a block is still there {shift} s after put with eic_kv_ttl {ttl}", "report it")
             return PASS, f"blocks expire after eic_kv_ttl={ttl} s (checked on the engine's clock)"
         if not configured.is_ok():
-            raise StepFailed(
-                f"with eic_kv_ttl -1 a block expired within {shift // 86400} days", "report it"
-            )
+            raise StepFailed(f"with eic_kv_ttl -1 a block expired within {shift // 86400} days", "report it")
         return PASS, "eic_kv_ttl -1: blocks never expire (checked 30 days ahead); a 1 s TTL expires"
 
     def _put_ttl_probe(self):
@@ -77,4 +75,7 @@ class TtlSteps(CheckSteps):
             if short_client.mexist([short_key]).outcomes != [HIT]:
                 return PASS, f"{configured}; a key put with a 1 s TTL expired"
         short_client.mdel([short_key])
-        return WARN, f"{configured}; a key put with a 1 s TTL was still there after {TTL_PROBE_WAIT_S:g} s (EIC may expire lazily)"
+        return (
+            WARN,
+            f"{configured}; a key put with a 1 s TTL was still there after {TTL_PROBE_WAIT_S:g} s (EIC may expire lazily)",
+        )

@@ -111,9 +111,7 @@ class ManagerDriver:
         self.manager: Any = None  # aibrix_kvcache's BaseKVCacheManager once started
         self.config_path = ""  # the user's config; "" for the embedded engine
         rng = np.random.default_rng(seed)
-        self.source = torch.from_numpy(
-            rng.integers(0, 256, size=(SOURCE_BLOCKS, self.block_nbytes), dtype=np.uint8)
-        )
+        self.source = torch.from_numpy(rng.integers(0, 256, size=(SOURCE_BLOCKS, self.block_nbytes), dtype=np.uint8))
 
     @property
     def request_nbytes(self) -> int:

@@ -69,12 +69,8 @@ def summarize(
         "bytes_per_token": bytes_per_token,
         "offload": throughput(offloaded * bytes_per_token, seconds("put")),
         "reload": throughput(reloaded * bytes_per_token, seconds("acquire")),
-        "send_path": throughput(
-            offloaded * bytes_per_token, sum(r.send_seconds for r in timed)
-        ),
-        "receive_path": throughput(
-            reloaded * bytes_per_token, sum(r.receive_seconds for r in timed)
-        ),
+        "send_path": throughput(offloaded * bytes_per_token, sum(r.send_seconds for r in timed)),
+        "receive_path": throughput(reloaded * bytes_per_token, sum(r.receive_seconds for r in timed)),
         "latency_ms": {op: _latency([r.seconds[op] for r in timed if op in r.seconds]) for op in OPS},
         "hit_rate": reloaded / offered if offered else 0.0,
         "lookup_hit_rate": looked_up / offered if offered else 0.0,

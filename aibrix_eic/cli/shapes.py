@@ -76,13 +76,19 @@ SHAPES: dict[str, ModelShape] = {
         ModelShape("llama3-8b", "Llama-3-8B, TP1 (32 layers, 8 kv heads)", 32, 8, 128),
         ModelShape(
             "llama3-70b-tp8",
-            "Llama-3-70B (e.g. DeepSeek-R1-Distill-Llama-70B), one rank of TP8 "
-            "(80 layers, 8 kv heads / 8 ranks)",
-            80, 1, 128, tp=8,
+            "Llama-3-70B (e.g. DeepSeek-R1-Distill-Llama-70B), one rank of TP8 (80 layers, 8 kv heads / 8 ranks)",
+            80,
+            1,
+            128,
+            tp=8,
         ),
-        ModelShape("llama3-70b-tp4", "Llama-3-70B, one rank of TP4 (80 layers, 8 kv heads / 4 ranks)", 80, 2, 128, tp=4),
+        ModelShape(
+            "llama3-70b-tp4", "Llama-3-70B, one rank of TP4 (80 layers, 8 kv heads / 4 ranks)", 80, 2, 128, tp=4
+        ),
         ModelShape("qwen2.5-7b", "Qwen2.5-7B, TP1 (28 layers, 4 kv heads)", 28, 4, 128),
-        ModelShape("qwen2.5-32b-tp2", "Qwen2.5-32B, one rank of TP2 (64 layers, 8 kv heads / 2 ranks)", 64, 4, 128, tp=2),
+        ModelShape(
+            "qwen2.5-32b-tp2", "Qwen2.5-32B, one rank of TP2 (64 layers, 8 kv heads / 2 ranks)", 64, 4, 128, tp=2
+        ),
     )
 }
 

@@ -20,9 +20,7 @@ class Faults:
     phantom_rate: float = 0.0  # chance mexist reports a missing key present
     seed: int | None = None
     _rng: random.Random = field(init=False, repr=False, compare=False)
-    _rng_lock: threading.Lock = field(
-        init=False, repr=False, compare=False, default_factory=threading.Lock
-    )
+    _rng_lock: threading.Lock = field(init=False, repr=False, compare=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)

@@ -98,10 +98,7 @@ def parse_endpoint(endpoint: str) -> tuple[str, dict[str, Any]]:
         if parser is None:
             hint = difflib.get_close_matches(key, ENDPOINT_PARAMS, n=1)
             suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
-            raise ValueError(
-                f"unknown engine parameter {key!r}{suggestion} "
-                f"(known: {', '.join(ENDPOINT_PARAMS)})"
-            )
+            raise ValueError(f"unknown engine parameter {key!r}{suggestion} (known: {', '.join(ENDPOINT_PARAMS)})")
         try:
             params[key] = parser(raw)
         except ValueError as e:

@@ -78,9 +78,7 @@ class Store:
         self.capacity = capacity
         self.max_value_bytes = max_value_bytes
         # None means any namespace is accepted; otherwise only these exist.
-        self.namespaces: frozenset[str] | None = (
-            None if namespaces is None else frozenset(namespaces)
-        )
+        self.namespaces: frozenset[str] | None = None if namespaces is None else frozenset(namespaces)
         self.clock = clock
         self.faults = Faults()
         self.stats = StoreStats()

@@ -218,9 +218,7 @@ class Client:
             codes[i] = code
         return codes
 
-    def mset(
-        self, keys: Sequence[str], vals: IOBuffers, option: SetOption | None = None
-    ) -> tuple[StatusCode, Outcome]:
+    def mset(self, keys: Sequence[str], vals: IOBuffers, option: SetOption | None = None) -> tuple[StatusCode, Outcome]:
         option = option or SetOption()
         if len(keys) != len(vals) or option.ttl_second == 0 or option.ttl_second < -1:
             return _failed(len(keys), StatusCode.INVALID_ARGUMENT)
@@ -253,9 +251,7 @@ class Client:
             codes = self._merge(codes, todo_index, fetched)
         return overall_status(codes), vals, Outcome(codes)
 
-    def _mget_as_bytes(
-        self, store: Store, keys: Sequence[str], ns: str
-    ) -> tuple[StatusCode, list, Outcome]:
+    def _mget_as_bytes(self, store: Store, keys: Sequence[str], ns: str) -> tuple[StatusCode, list, Outcome]:
         import ctypes
 
         values: list[bytes | None] = []
@@ -272,9 +268,7 @@ class Client:
             codes.append(code)
         return overall_status(codes), values, Outcome(codes)
 
-    def mexist(
-        self, keys: Sequence[str], option: ExistOption | None = None
-    ) -> tuple[StatusCode, Outcome]:
+    def mexist(self, keys: Sequence[str], option: ExistOption | None = None) -> tuple[StatusCode, Outcome]:
         option = option or ExistOption()
         store = self._begin_call(keys, option.ns)
         if not isinstance(store, Store):
@@ -288,9 +282,7 @@ class Client:
                 codes.append(StatusCode.KEY_NOT_EXIST)
         return overall_status(codes), Outcome(codes)
 
-    def mdel(
-        self, keys: Sequence[str], option: DelOption | None = None
-    ) -> tuple[StatusCode, Outcome]:
+    def mdel(self, keys: Sequence[str], option: DelOption | None = None) -> tuple[StatusCode, Outcome]:
         option = option or DelOption()
         store = self._begin_call(keys, option.ns)
         if not isinstance(store, Store):
