@@ -172,3 +172,30 @@ def make_manager(spec: KVCacheBlockSpec | None = None, max_tokens: int = 2048) -
         multi_threaded=True,
     )
     return BaseKVCacheManager(config=config)
+
+
+def send(cache, query: TokenListView, seed: int):
+    """allocate_for -> copy in -> put, as vLLM's send path does; the put's Status."""
+    handle = cache.allocate_for(None, query).get()
+    nbytes = cache.block_spec.block_nbytes
+    for i, tensor in enumerate(handle.to_tensors()):
+        tensor.view(torch.uint8).view(-1).copy_(pattern(seed, i, nbytes))
+    return cache.put(None, query, handle)
+
+
+def receive(cache, query: TokenListView, seed: int | None = None) -> tuple[int, bool]:
+    """acquire -> check every byte (when seed is given) -> release, as vLLM's
+    receive path does: (tokens reloaded, whether every block was exact)."""
+    status = cache.acquire(None, query)
+    if not status.is_ok():
+        return 0, True
+    ntokens, handle = status.get()
+    nbytes = cache.block_spec.block_nbytes
+    try:
+        exact = seed is None or all(
+            torch.equal(tensor.view(torch.uint8).view(-1), pattern(seed, i, nbytes))
+            for i, tensor in enumerate(handle.to_tensors())
+        )
+    finally:
+        handle.release()
+    return ntokens, exact

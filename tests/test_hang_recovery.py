@@ -8,6 +8,7 @@ import threading
 import time
 import weakref
 
+import pytest
 from connector_tools import ConnectorRig
 
 import aibrix_eic.engine as engine
@@ -15,6 +16,20 @@ from aibrix_eic.engine import get_store
 
 PROBE_INTERVAL_S = 0.2
 DATA_THREADS = 8
+
+
+@pytest.fixture
+def clients(monkeypatch) -> list[weakref.ref]:
+    """Weak references to every engine Client built during the test."""
+    built: list[weakref.ref] = []
+    original_init = engine.Client.__init__
+
+    def tracked_init(self):
+        original_init(self)
+        built.append(weakref.ref(self))
+
+    monkeypatch.setattr(engine.Client, "__init__", tracked_init)
+    return built
 
 
 def test_hits_resume_within_two_probe_intervals_after_a_hang_that_filled_the_pool():
@@ -65,15 +80,7 @@ def test_hits_resume_within_two_probe_intervals_after_a_hang_that_filled_the_poo
         rig.close()
 
 
-def test_threads_and_clients_stay_bounded_through_a_10s_hang_with_a_fast_probe(monkeypatch):
-    clients: list[weakref.ref] = []
-    original_init = engine.Client.__init__
-
-    def tracked_init(self):
-        original_init(self)
-        clients.append(weakref.ref(self))
-
-    monkeypatch.setattr(engine.Client, "__init__", tracked_init)
+def test_threads_and_clients_stay_bounded_through_a_10s_hang_with_a_fast_probe(clients):
     before = threading.active_count()
     rig = ConnectorRig(
         remote_url="local://hang-bound", eic_thread_num=4, batch_keys=1, probe_interval_s=0.05,
@@ -107,15 +114,7 @@ def test_threads_and_clients_stay_bounded_through_a_10s_hang_with_a_fast_probe(m
         rig.close()
 
 
-def test_clients_a_failing_probe_builds_are_let_go(monkeypatch):
-    clients: list[weakref.ref] = []
-    original_init = engine.Client.__init__
-
-    def tracked_init(self):
-        original_init(self)
-        clients.append(weakref.ref(self))
-
-    monkeypatch.setattr(engine.Client, "__init__", tracked_init)
+def test_clients_a_failing_probe_builds_are_let_go(clients):
     rig = ConnectorRig(remote_url="local://probe-clients", probe_interval_s=0.02, breaker_failures=1).open()
     store = get_store("probe-clients")
     try:

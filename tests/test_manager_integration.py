@@ -2,8 +2,17 @@
 connectors build in each TP rank."""
 
 import pytest
-import torch
-from harness import BLOCK_NTOKENS, block_layout, block_spec, make_manager, manager_env, pattern, tokens, use_config
+from harness import (
+    BLOCK_NTOKENS,
+    block_layout,
+    block_spec,
+    make_manager,
+    manager_env,
+    receive,
+    send,
+    tokens,
+    use_config,
+)
 
 from aibrix_eic.connector import EICConnector
 from aibrix_eic.engine import get_store
@@ -26,31 +35,13 @@ def connector_of(cache) -> EICConnector:
 
 
 def offload(cache, query, seed: int) -> int:
-    """allocate_for -> copy in -> put, as vLLM's send path does."""
-    handle = cache.allocate_for(None, query).get()
-    nbytes = cache.block_spec.block_nbytes
-    for i, tensor in enumerate(handle.to_tensors()):
-        tensor.view(torch.uint8).view(-1).copy_(pattern(seed, i, nbytes))
-    status = cache.put(None, query, handle)
+    status = send(cache, query, seed)
     assert status.is_ok(), status
     return status.get()
 
 
 def reload(cache, query, seed: int) -> tuple[int, bool]:
-    """acquire -> check every byte -> release, as vLLM's receive path does."""
-    status = cache.acquire(None, query)
-    if not status.is_ok():
-        return 0, True
-    ntokens, handle = status.get()
-    nbytes = cache.block_spec.block_nbytes
-    try:
-        exact = all(
-            torch.equal(tensor.view(torch.uint8).view(-1), pattern(seed, i, nbytes))
-            for i, tensor in enumerate(handle.to_tensors())
-        )
-    finally:
-        handle.release()
-    return ntokens, exact
+    return receive(cache, query, seed)
 
 
 def test_manager_builds_our_connector_and_registers_its_slabs(manager):

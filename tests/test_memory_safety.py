@@ -10,8 +10,16 @@ import threading
 import time
 
 import pytest
-import torch
-from harness import BLOCK_NTOKENS, block_layout, block_spec, make_manager, manager_env, pattern, tokens, use_config
+from harness import (
+    BLOCK_NTOKENS,
+    block_layout,
+    block_spec,
+    make_manager,
+    manager_env,
+    send,
+    tokens,
+    use_config,
+)
 from poison import PoisonWatch
 
 from aibrix_eic import aibrix_compat
@@ -35,11 +43,7 @@ def manager(request, monkeypatch, tmp_path):
 
 
 def offload(cache, query, seed: int) -> None:
-    handle = cache.allocate_for(None, query).get()
-    nbytes = cache.block_spec.block_nbytes
-    for i, tensor in enumerate(handle.to_tensors()):
-        tensor.view(torch.uint8).view(-1).copy_(pattern(seed, i, nbytes))
-    assert cache.put(None, query, handle).is_ok()
+    assert send(cache, query, seed).is_ok()
 
 
 def stall_next_get(monkeypatch, cache):

@@ -16,8 +16,7 @@ import uuid
 from collections import defaultdict
 
 import pytest
-import torch
-from harness import BLOCK_NTOKENS, block_spec, make_manager, manager_env, pattern, tokens, use_config
+from harness import BLOCK_NTOKENS, block_spec, make_manager, manager_env, receive, send, tokens, use_config
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
@@ -66,19 +65,11 @@ class Scrape:
 
 
 def offload(cache, query, seed):
-    handle = cache.allocate_for(None, query).get()
-    for i, tensor in enumerate(handle.to_tensors()):
-        tensor.view(torch.uint8).view(-1).copy_(pattern(seed, i, cache.block_spec.block_nbytes))
-    return cache.put(None, query, handle)
+    return send(cache, query, seed)
 
 
 def reload_tokens(cache, query) -> int:
-    status = cache.acquire(None, query)
-    if not status.is_ok():
-        return 0
-    ntokens, handle = status.get()
-    handle.release()
-    return ntokens
+    return receive(cache, query)[0]
 
 
 def config_values(**values):

@@ -6,8 +6,7 @@ import logging
 import time
 
 import pytest
-import torch
-from harness import BLOCK_NTOKENS, block_spec, make_manager, manager_env, pattern, tokens, use_config
+from harness import BLOCK_NTOKENS, block_spec, make_manager, manager_env, receive, send, tokens, use_config
 
 from aibrix_eic.engine import get_store
 
@@ -39,19 +38,11 @@ def manager(monkeypatch, tmp_path):
 
 
 def offload(cache, query, seed):
-    handle = cache.allocate_for(None, query).get()
-    for i, tensor in enumerate(handle.to_tensors()):
-        tensor.view(torch.uint8).view(-1).copy_(pattern(seed, i, cache.block_spec.block_nbytes))
-    return cache.put(None, query, handle)
+    return send(cache, query, seed)
 
 
 def reload_tokens(cache, query) -> int:
-    status = cache.acquire(None, query)
-    if not status.is_ok():
-        return 0
-    ntokens, handle = status.get()
-    handle.release()
-    return ntokens
+    return receive(cache, query)[0]
 
 
 def timed(fn):

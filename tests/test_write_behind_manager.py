@@ -8,8 +8,7 @@ import asyncio
 import time
 
 import pytest
-import torch
-from harness import BLOCK_NTOKENS, block_spec, make_manager, pattern, tokens, use_config
+from harness import BLOCK_NTOKENS, block_spec, make_manager, pattern, receive, send, tokens, use_config
 from poison import PoisonWatch
 
 from aibrix_eic.engine import get_store
@@ -63,11 +62,7 @@ def conn(cache):
 
 
 def offload(cache, query, seed: int) -> None:
-    handle = cache.allocate_for(None, query).get()
-    nbytes = cache.block_spec.block_nbytes
-    for i, tensor in enumerate(handle.to_tensors()):
-        tensor.view(torch.uint8).view(-1).copy_(pattern(seed, i, nbytes))
-    assert cache.put(None, query, handle).is_ok()
+    assert send(cache, query, seed).is_ok()
     if cache.ingestion == "HOT":  # a block reaches L2 when it is read again from L1
         status = cache.acquire(None, query)
         assert status.is_ok()
@@ -76,19 +71,7 @@ def offload(cache, query, seed: int) -> None:
 
 
 def reload(cache, query, seed: int) -> tuple[int, bool]:
-    status = cache.acquire(None, query)
-    if not status.is_ok():
-        return 0, True
-    ntokens, handle = status.get()
-    nbytes = cache.block_spec.block_nbytes
-    try:
-        exact = all(
-            torch.equal(tensor.view(torch.uint8).view(-1), pattern(seed, i, nbytes))
-            for i, tensor in enumerate(handle.to_tensors())
-        )
-    finally:
-        handle.release()
-    return ntokens, exact
+    return receive(cache, query, seed)
 
 
 def evict_from_l1(cache, seed: int) -> None:
