@@ -40,6 +40,7 @@ from aibrix_kvcache import BaseKVCacheManager, KVCacheConfig, TokenListView  # n
 from aibrix_kvcache.spec import KVCacheBlockLayout, KVCacheBlockSpec, KVCacheTensorSpec, ModelSpec  # noqa: E402
 
 import aibrix_eic  # noqa: E402
+from aibrix_eic.cli.runtime import scoped_env  # noqa: E402
 from aibrix_eic.config import ENV_CONFIG, ENV_CONFIG_UPSTREAM  # noqa: E402
 from aibrix_eic.engine import get_store  # noqa: E402
 from aibrix_eic.upstream import load_upstream_connector_class  # noqa: E402
@@ -127,25 +128,16 @@ class Runs:
             config = {"remote_url": f"local://{store}?{params}", "put_mode": who, "warmup_keys": 0}
             backend = contextlib.nullcontext()
             env[ENV_CONFIG] = write_yaml(self.directory, f"{store}.yaml", config)
-        saved = {name: os.environ.get(name) for name in (*AIBRIX_ENV, ENV_CONFIG, ENV_CONFIG_UPSTREAM)}
-        os.environ.pop(ENV_CONFIG, None)
-        os.environ.pop(ENV_CONFIG_UPSTREAM, None)
-        os.environ.update(env)
-        try:
-            with backend:
-                cache = BaseKVCacheManager(
-                    config=KVCacheConfig(
-                        block_spec=spec_of(block),
-                        model_spec=ModelSpec(max_model_len=2 * max_tokens, max_num_batched_tokens=max_tokens),
-                        multi_threaded=True,
-                    )
+        # AIBRIX_ENV is restored too: env may set some of it for this manager.
+        scoped = {name: os.environ.get(name) for name in AIBRIX_ENV} | {ENV_CONFIG: None, ENV_CONFIG_UPSTREAM: None}
+        with scoped_env(scoped | env), backend:
+            cache = BaseKVCacheManager(
+                config=KVCacheConfig(
+                    block_spec=spec_of(block),
+                    model_spec=ModelSpec(max_model_len=2 * max_tokens, max_num_batched_tokens=max_tokens),
+                    multi_threaded=True,
                 )
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+            )
         cache.store = _Counted() if who == "noop" else get_store(store)
         try:
             yield cache
