@@ -83,6 +83,8 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         self._dispatcher = Dispatcher(self._config, self._link, self._counters, self._rate_log)
         self._exists = ExistsBatcher(self._config, self._link, self._counters, self._rate_log)
         self._write_behind = WriteBehind(self._config, self._link, self._dispatcher, self._counters, self._rate_log)
+        if self._metrics.enabled:  # not NO_METRICS: that one is shared
+            self._metrics.pending_bytes = self._write_behind.pending_bytes
         self._direct = DirectRequests(
             self._config, self._link, self._codec, self._blocks, self._dispatcher, self._counters
         )

@@ -186,8 +186,8 @@ class Flusher:
         outcomes = chunk.outcomes or []
         settled = [outcome == HIT for outcome in outcomes]
         failed = [i for i, ok in enumerate(settled) if not ok]
-        if failed:
-            self._counters.add(put_failures=len(failed))
+        if failed:  # accepted early, so nobody hears of it: a lost block (a later miss)
+            self._counters.add(put_failures=len(failed), write_behind_lost=sum(1 for i in failed if group[i].counted))
             if not self._link.breaker.tripped:  # clear the key: an older value must not be served
                 result = session.client.mdel([chunk.keys[i] for i in failed])
                 self._link.observe(result)

@@ -26,6 +26,12 @@ BLOCK_OUTCOMES = {
     "get": ("hit", "miss", "error", "timeout", "fast_fail"),
     "put": ("ok", "error", "fast_fail"),
 }
+# Outcomes of write-behind blocks, and the Counters field that counts each.
+WRITE_BEHIND_OUTCOMES = {
+    "accepted": "write_behind_blocks",
+    "lost": "write_behind_lost",
+    "served": "write_behind_served",
+}
 # Request latency: from 0.25 ms (a hit on the embedded engine) to the
 # longest deadline a config allows in practice.
 LATENCY_BUCKETS = (
@@ -113,6 +119,24 @@ class _Families:
             "aibrix_eic_sdk_calls", f"SDK calls made, by operation (published every {SAMPLE_INTERVAL_S:g} s).",
             (*LABELS, "op"),
         )  # fmt: skip
+        self.write_behind_pending_bytes = Gauge(
+            "aibrix_eic_write_behind_pending_bytes",
+            f"Bytes of accepted writes not yet confirmed by EIC (sampled every {SAMPLE_INTERVAL_S:g} s).",
+            LABELS, multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.write_behind_blocks = Counter(
+            "aibrix_eic_write_behind_blocks",
+            "Write-behind blocks: accepted before EIC stored them, lost (accepted, then not stored: a later "
+            "miss), served (read from a pending write).",
+            (*LABELS, "outcome"),
+        )  # fmt: skip
+        self.write_behind_waits = Counter(
+            "aibrix_eic_write_behind_waits", "Puts that waited for their own flush: pending bytes were at the bound.",
+            LABELS,
+        )  # fmt: skip
+        self.write_behind_flushes = Counter(
+            "aibrix_eic_write_behind_flushes", "Flush rounds the write-behind flusher sent.", LABELS
+        )
         self.registered_bytes = Gauge(
             "aibrix_eic_registered_bytes", "Bytes of memory registered with EIC for zero-copy transfers.",
             LABELS, multiprocess_mode="mostrecent",

@@ -25,7 +25,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -42,6 +42,7 @@ from .metric_series import (
     PUT_SKIPPED,
     REQUEST_OUTCOMES,
     SAMPLE_INTERVAL_S,
+    WRITE_BEHIND_OUTCOMES,
     families,
     partition_of,
     request_outcome,
@@ -94,6 +95,12 @@ class ConnectorMetrics:
         self._running = 0
         self._started = dict.fromkeys(OPS, 0)
         self._published = dict.fromkeys(OPS, 0)
+        self._wb_pending_bytes = f.write_behind_pending_bytes.labels(*labels)
+        self._wb_blocks = {field: f.write_behind_blocks.labels(*labels, outcome)
+                           for outcome, field in WRITE_BEHIND_OUTCOMES.items()}  # fmt: skip
+        self._wb_waits = f.write_behind_waits.labels(*labels)
+        self._wb_flushes = f.write_behind_flushes.labels(*labels)
+        self.pending_bytes: Callable[[], int] | None = None  # set by the connector; read by the sampler
         self._registered = f.registered_bytes.labels(*labels)
         self._breaker_open.set(0)
         self._registered.set(0)
@@ -117,7 +124,9 @@ class ConnectorMetrics:
             failures = amounts.get("put_failures", 0)
             self._inc_block("put", "ok", put_blocks - failures)
             self._inc_block("put", "error", failures)
-        for name, child in (("retries", self._retries), ("timeouts", self._timeouts)):
+        for name, child in (("retries", self._retries), ("timeouts", self._timeouts),
+                            ("write_behind_waits", self._wb_waits), ("write_behind_flushes", self._wb_flushes),
+                            *self._wb_blocks.items()):  # fmt: skip
             amount = amounts.get(name)
             if amount:
                 child.inc(amount)
@@ -186,6 +195,9 @@ class ConnectorMetrics:
         with self._calls_lock:
             running, started = self._running, dict(self._started)
         self._in_flight.set(running)
+        pending_bytes = self.pending_bytes
+        if pending_bytes is not None:
+            self._wb_pending_bytes.set(pending_bytes())
         for op, count in started.items():
             delta = count - self._published[op]
             if delta:
@@ -206,6 +218,7 @@ class ConnectorMetrics:
         self._registered.set(0)
         self._breaker_open.set(0)
         self.publish()
+        self._wb_pending_bytes.set(0)  # close released every pending write's memory
 
 
 _sampled: "weakref.WeakSet[ConnectorMetrics]" = weakref.WeakSet()
@@ -245,6 +258,7 @@ class NoMetrics:
 
     enabled = False
     labels: dict[str, str] = {}  # noqa: RUF012  (read-only: no labels)
+    pending_bytes: Callable[[], int] | None = None
 
     def counted(self, amounts: Mapping[str, int]) -> None:
         pass

@@ -81,6 +81,10 @@ class WriteBehind:
                 table.cond.wait(min(0.05, deadline.remaining()))
         return True
 
+    def pending_bytes(self) -> int:
+        """Bytes of the regions pending writes hold (no lock: a sample)."""
+        return self.table.held_bytes
+
     def snapshot(self) -> dict[str, int]:
         table = self.table
         with table.cond:

@@ -359,3 +359,43 @@ def test_worker_processes_reach_a_multiprocess_collector(tmp_path):
     assert scrape.value("aibrix_eic_requests_total", op="put", outcome="ok") == 2
     assert scrape.value("aibrix_eic_request_seconds_count", op="get") == 2
     assert scrape.by("aibrix_eic_breaker_open", "partition") == {"h0_1_l0_1": 0.0, "h2_3_l0_1": 0.0}
+
+
+def test_write_behind_series_show_pending_bytes_and_lost_blocks(monkeypatch, tmp_path):
+    namespace = f"metrics-wbs-{uuid.uuid4().hex[:8]}"
+    manager_env(monkeypatch)
+    use_config(monkeypatch, tmp_path, remote_url="local://metrics-wbs", eic_kv_ns=namespace, put_mode="write_behind",
+               retry_attempts=0)  # fmt: skip
+    cache = make_manager(block_spec())
+    store = get_store("metrics-wbs")
+    write_behind = cache._l2_cache._backend.write_behind
+    block_nbytes = cache.block_spec.block_nbytes
+
+    def scrape() -> Scrape:
+        metrics.publish_all()  # the sampled gauge, without waiting for the sampler
+        return Scrape(parse(generate_latest().decode()), namespace)
+
+    try:
+        store.faults.latency_s = 0.5  # the flush is still in flight while we look
+        assert send(cache, tokens(4, seed=7), seed=7).is_ok()
+        held = scrape()
+        assert held.value("aibrix_eic_write_behind_pending_bytes") == 4 * block_nbytes
+        assert held.value("aibrix_eic_write_behind_blocks_total", outcome="accepted") == 4
+        assert write_behind.wait_idle(10)
+        flushed = scrape()
+        assert flushed.value("aibrix_eic_write_behind_pending_bytes") == 0
+        assert flushed.value("aibrix_eic_write_behind_flushes_total") >= 1
+        assert flushed.value("aibrix_eic_write_behind_blocks_total", outcome="lost") == 0
+
+        store.faults.latency_s = 0.0
+        store.faults.key_fail_rate = 1.0  # every key of the next flush fails
+        query = tokens(3, seed=8)
+        assert send(cache, query, seed=8).is_ok()  # accepted: the caller does not hear of the failure
+        assert write_behind.wait_idle(10)
+        store.faults.key_fail_rate = 0.0
+        assert scrape().value("aibrix_eic_write_behind_blocks_total", outcome="lost") == 3
+        assert receive(cache, query, seed=8) == (0, True)  # a miss, never other bytes
+    finally:
+        store.faults.clear()
+        cache.close()
+    assert scrape().value("aibrix_eic_write_behind_pending_bytes") == 0
