@@ -216,6 +216,7 @@ def ingest(runs: Runs, who: str, block: str, latency_ms: float, inflight: int, r
             reload_s = time.perf_counter() - reload_started
             if status.is_ok():
                 status.get()[1].release()
+            settle(cache, who)  # the reload's own writes (ALL) must not run into the next repeat's put
             if r:
                 puts.append(returned - started)
                 in_l2.append(landed - started)
