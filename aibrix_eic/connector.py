@@ -60,6 +60,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         config_error: ConfigError | None = None,
     ) -> None:
         self.conn_id = conn_id
+        self._feature = ConnectorFeature(mput_mget=True, rdma=True)  # rdma: AIBrix hands us its slabs to register
         self._config = config or EICConfig()
         self._config_error = config_error
         module = None
@@ -110,8 +111,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
 
     @property
     def feature(self) -> ConnectorFeature:
-        # rdma makes the cache manager hand us its slabs to register.
-        return ConnectorFeature(mput_mget=True, rdma=True)
+        return self._feature  # built once: L2Cache reads it several times per request
 
     @property
     def config(self) -> EICConfig:

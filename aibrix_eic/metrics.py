@@ -101,6 +101,9 @@ class ConnectorMetrics:
         self._wb_waits = f.write_behind_waits.labels(*labels)
         self._wb_flushes = f.write_behind_flushes.labels(*labels)
         self.pending_bytes: Callable[[], int] | None = None  # set by the connector; read by the sampler
+        # Counters fields that map one to one onto a series.
+        self._plain = {"retries": self._retries, "timeouts": self._timeouts, "write_behind_waits": self._wb_waits,
+                       "write_behind_flushes": self._wb_flushes, **self._wb_blocks}  # fmt: skip
         self._registered = f.registered_bytes.labels(*labels)
         self._breaker_open.set(0)
         self._registered.set(0)
@@ -124,11 +127,10 @@ class ConnectorMetrics:
             failures = amounts.get("put_failures", 0)
             self._inc_block("put", "ok", put_blocks - failures)
             self._inc_block("put", "error", failures)
-        for name, child in (("retries", self._retries), ("timeouts", self._timeouts),
-                            ("write_behind_waits", self._wb_waits), ("write_behind_flushes", self._wb_flushes),
-                            *self._wb_blocks.items()):  # fmt: skip
-            amount = amounts.get(name)
-            if amount:
+        plain = self._plain
+        for name, amount in amounts.items():  # a few per call: cheaper than looking up every series
+            child = plain.get(name)
+            if child is not None and amount:
                 child.inc(amount)
 
     def _inc_block(self, op: str, outcome: str, amount: int) -> None:
