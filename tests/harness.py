@@ -146,6 +146,11 @@ class L2Harness:
         for mr in mrs:
             mr.ref_down()
 
+    def wait_flushed(self, timeout: float = 10.0) -> None:
+        """Wait until every accepted put reached EIC (write-behind returns
+        before it does), for tests that look at the store or the SDK calls."""
+        assert self.connector.write_behind.wait_idle(timeout), f"write-behind did not flush within {timeout} s"
+
     def close(self) -> None:
         self.cache.close()
         self.loop.close()
@@ -172,6 +177,12 @@ def make_manager(spec: KVCacheBlockSpec | None = None, max_tokens: int = 2048) -
         multi_threaded=True,
     )
     return BaseKVCacheManager(config=config)
+
+
+def wait_flushed(cache, timeout: float = 10.0) -> None:
+    """Wait until the manager's L2 connector has sent every accepted put to
+    EIC, so that what follows reads EIC, not the connector's pending table."""
+    assert cache._l2_cache._backend.write_behind.wait_idle(timeout), f"write-behind did not flush within {timeout} s"
 
 
 def send(cache, query: TokenListView, seed: int):

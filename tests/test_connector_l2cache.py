@@ -73,6 +73,7 @@ def test_delete_really_deletes(make_l2):
     l2 = make_l2()
     query = tokens(4, seed=4)
     l2.put(query, l2.filled_blocks(seed=4, nblocks=4))
+    l2.wait_flushed()
     assert len(get_store("l2")) == 4
     assert l2.delete_block(query, 0).is_ok()
     assert len(get_store("l2")) == 3
@@ -82,7 +83,8 @@ def test_delete_really_deletes(make_l2):
 
 
 def test_mput_and_mget_span_several_sdk_calls(make_l2, sdk_calls):
-    l2 = make_l2(batch_keys=4, op_batch=8)
+    # direct: asserts the shape of the put's own SDK calls; write-behind's counterpart is in test_write_behind.py
+    l2 = make_l2(batch_keys=4, op_batch=8, put_mode="direct")
     query = tokens(30, seed=5)
     assert l2.put(query, l2.filled_blocks(seed=5, nblocks=30)).get() == 30
     status, mrs = l2.get(query)
@@ -97,6 +99,7 @@ def test_exists_of_one_l2cache_batch_is_one_mexist(make_l2, sdk_calls):
     l2 = make_l2(op_batch=8, warmup_keys=0)
     query = tokens(24, seed=6)
     l2.put(query, l2.filled_blocks(seed=6, nblocks=24))
+    l2.wait_flushed()  # else exists is answered from the pending writes
     assert l2.exists(query).get() == 24
     # L2Cache asks one key at a time, 8 at once; each tick's keys share a call.
     assert sdk_calls["mexist"] == [8, 8, 8]
@@ -132,6 +135,7 @@ def test_namespace_applies_to_set_get_exists_and_delete(make_l2, monkeypatch, tm
     tenant_a = make_l2(eic_kv_ns="tenant-a")
     query = tokens(6, seed=9)
     tenant_a.put(query, tenant_a.filled_blocks(seed=9, nblocks=6))
+    tenant_a.wait_flushed()
     assert {ns for ns, _ in get_store("l2").keys()} == {"tenant-a"}
     assert tenant_a.exists(query).get() == 6
     assert tenant_a.get(query)[0].get() == 6
@@ -149,6 +153,7 @@ def test_ttl_is_applied_on_set(make_l2):
     l2 = make_l2(eic_kv_ttl=30)
     query = tokens(3, seed=10)
     l2.put(query, l2.filled_blocks(seed=10, nblocks=3))
+    l2.wait_flushed()
     now[0] += 29
     assert l2.exists(query).get() == 3
     now[0] += 2
@@ -175,6 +180,7 @@ def test_tp_ranks_do_not_see_each_other(monkeypatch, tmp_path, layout):
         assert rank0.connector.conn_id != rank1.connector.conn_id
         query = tokens(4, seed=13)
         rank0.put(query, rank0.filled_blocks(seed=13, nblocks=4))
+        rank0.wait_flushed()  # isolation through EIC, not just separate pending tables
         assert rank1.exists(query).is_not_found()
         assert rank0.exists(query).get() == 4
     finally:
@@ -205,6 +211,7 @@ def test_block_count_beyond_one_request_uses_each_block_once(make_l2, sdk_calls)
     l2 = make_l2(batch_keys=64)
     query = tokens(40, seed=15)
     l2.put(query, l2.filled_blocks(seed=15, nblocks=40))
+    l2.wait_flushed()
     assert sum(sdk_calls["mset"]) == 40
     status, _ = l2.get(query)
     assert status.get() == 40 and sum(sdk_calls["mget"]) == 40

@@ -12,6 +12,7 @@ from harness import (
     send,
     tokens,
     use_config,
+    wait_flushed,
 )
 
 from aibrix_eic.connector import EICConnector
@@ -73,6 +74,7 @@ def test_deleted_block_in_the_middle_reloads_only_the_prefix(manager):
 def test_missing_first_block_reloads_nothing(manager):
     query = tokens(10, seed=3)
     offload(manager, query, seed=3)
+    wait_flushed(manager)  # else the clear misses writes still pending
     get_store("mgr").clear()
     ntokens, _ = reload(manager, query, seed=3)
     assert ntokens == 0
@@ -82,15 +84,22 @@ def test_missing_first_block_reloads_nothing(manager):
 def test_registered_buffers_are_passed_as_registered(manager, monkeypatch):
     import aibrix_eic.engine as engine
 
-    flags = []
-    original = engine.Client.mget
+    put_flags, get_flags = [], []
+    original_mset, original_mget = engine.Client.mset, engine.Client.mget
 
-    def spy(self, keys, option, vals):
-        flags.extend(registered for _, _, registered in vals)
-        return original(self, keys, option, vals)
+    def spy_mset(self, keys, vals, option):
+        put_flags.extend(registered for _, _, registered in vals)
+        return original_mset(self, keys, vals, option)
 
-    monkeypatch.setattr(engine.Client, "mget", spy)
+    def spy_mget(self, keys, option, vals):
+        get_flags.extend(registered for _, _, registered in vals)
+        return original_mget(self, keys, option, vals)
+
+    monkeypatch.setattr(engine.Client, "mset", spy_mset)
+    monkeypatch.setattr(engine.Client, "mget", spy_mget)
     query = tokens(4, seed=4)
     offload(manager, query, seed=4)
-    reload(manager, query, seed=4)
-    assert flags == [True] * 4
+    wait_flushed(manager)  # the reload must come from EIC, not from the pending writes
+    assert reload(manager, query, seed=4) == (4 * BLOCK_NTOKENS, True)
+    assert put_flags == [True] * 4
+    assert get_flags == [True] * 4

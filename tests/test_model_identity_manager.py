@@ -8,7 +8,17 @@ import types
 
 import pytest
 import torch
-from harness import BLOCK_NTOKENS, block_layout, block_spec, make_manager, manager_env, pattern, tokens, write_config
+from harness import (
+    BLOCK_NTOKENS,
+    block_layout,
+    block_spec,
+    make_manager,
+    manager_env,
+    pattern,
+    tokens,
+    wait_flushed,
+    write_config,
+)
 from test_identity import fake_vllm_config
 
 from aibrix_eic.config import ENV_CONFIG
@@ -32,6 +42,9 @@ def offload(cache, query, seed: int) -> None:
         tensor.view(torch.uint8).view(-1).copy_(pattern(seed, i, nbytes))
     status = cache.put(None, query, handle)
     assert status.is_ok(), status
+    # Each connector serves its own pending writes; isolation must hold in
+    # EIC, so the other model reads only once they are there.
+    wait_flushed(cache)
 
 
 def reload(cache, query) -> tuple[int, list[int | None]]:

@@ -6,7 +6,17 @@ import logging
 import time
 
 import pytest
-from harness import BLOCK_NTOKENS, block_spec, make_manager, manager_env, receive, send, tokens, use_config
+from harness import (
+    BLOCK_NTOKENS,
+    block_spec,
+    make_manager,
+    manager_env,
+    receive,
+    send,
+    tokens,
+    use_config,
+    wait_flushed,
+)
 
 from aibrix_eic.engine import get_store
 
@@ -60,6 +70,7 @@ def test_outage_gives_fast_misses_then_the_cache_returns_by_itself(manager, fail
     store = get_store("outage")
     query = tokens(8, seed=1)
     assert offload(manager, query, seed=1).is_ok()
+    wait_flushed(manager)  # in EIC before the outage, not only in the pending writes
     assert reload_tokens(manager, query) == 8 * BLOCK_NTOKENS
 
     # 1. EIC goes away mid-workload.
@@ -187,6 +198,7 @@ def test_late_reply_never_writes_into_reused_memory():
     rig = ConnectorRig(remote_url="local://late", get_timeout_ms=30, breaker_failures=100).open()
     try:
         rig.run(rig.conn.mput([b"k" * 16], rig.filled([b"v" * 4096])))
+        assert rig.conn.write_behind.wait_idle(10)  # the get must go to EIC, not to the pending write
         get_store("late").faults.latency_s = 0.3
         mrs = rig.blocks(1)
         statuses = rig.run(rig.conn.mget([b"k" * 16], mrs))
@@ -206,7 +218,8 @@ def test_rejected_keys_are_not_retried():
     evict the blocks this same put just stored."""
     from connector_tools import ConnectorRig
 
-    rig = ConnectorRig(remote_url="local://tiny?capacity=8KiB", retry_attempts=3).open()
+    # direct: asserts the put's own reply; write-behind's counterpart is in test_write_behind.py
+    rig = ConnectorRig(remote_url="local://tiny?capacity=8KiB", retry_attempts=3, put_mode="direct").open()
     try:
         keys = [bytes([i]) * 16 for i in range(4)]
         status = rig.run(rig.conn.mput(keys, rig.filled([bytes([i]) * 4096 for i in range(4)])))
@@ -233,7 +246,10 @@ def test_large_blocks_are_split_into_several_concurrent_calls(monkeypatch):
         return original(self, keys, vals, option)
 
     monkeypatch.setattr(engine.Client, "mset", spy)
-    rig = ConnectorRig(remote_url="local://split", block_nbytes=1 << 20, batch_bytes="4MiB", capacity=64 << 20).open()
+    # direct: asserts the split of the put's own calls; write-behind's counterpart is in test_write_behind.py
+    rig = ConnectorRig(
+        remote_url="local://split", block_nbytes=1 << 20, batch_bytes="4MiB", capacity=64 << 20, put_mode="direct"
+    ).open()
     try:
         keys = [bytes([i]) * 16 for i in range(10)]
         statuses = rig.run(rig.conn.mput(keys, rig.blocks(10)))

@@ -44,7 +44,8 @@ def test_pool_shutdown_cancels_queued_work_and_threads_are_daemons():
 
 
 def test_get_overtakes_queued_puts(monkeypatch):
-    rig = ConnectorRig(remote_url="local://sched", eic_thread_num=1, batch_keys=1).open()
+    # direct: asserts how the put's own calls queue; write-behind's counterpart is in test_write_behind.py
+    rig = ConnectorRig(remote_url="local://sched", eic_thread_num=1, batch_keys=1, put_mode="direct").open()
     calls = []
     for name in ("mset", "mget"):
         original = getattr(engine.Client, name)
