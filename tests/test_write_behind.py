@@ -8,6 +8,8 @@ import time
 
 import pytest
 from connector_tools import ConnectorRig
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aibrix_eic.engine import get_store
 from aibrix_eic.engine import surface as engine_surface
@@ -334,3 +336,90 @@ def test_a_released_region_is_refused_and_not_queued(make_rig):
     status = rig.run(rig.conn.put(b"r" * 16, mr))
     assert status.is_invalid() and "already released" in str(status.value)
     assert rig.conn.health()["write_behind_pending"] == 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 6), min_size=1, max_size=6),  # blocks per mput, back to back
+    batch_keys=st.integers(1, 8),
+    batch_blocks=st.integers(1, 4),
+)
+def test_a_flush_is_split_within_batch_keys_and_batch_bytes(sizes, batch_keys, batch_blocks):
+    """However puts batch up, every mset of a flush stays within batch_keys
+    and batch_bytes, and carries each accepted block once."""
+    calls, original = [], engine_surface.Client.mset
+
+    def spy(self, keys, vals, *args):
+        calls.append((list(keys), sum(nbytes for _, nbytes, _ in vals)))
+        return original(self, keys, vals, *args)
+
+    engine_surface.Client.mset = spy
+    limits = {"batch_keys": batch_keys, "batch_bytes": batch_blocks * BLOCK}
+    rig = ConnectorRig(remote_url="local://wb-split", block_nbytes=BLOCK, put_mode="write_behind", **limits).open()
+    try:
+        written: dict[bytes, bytes] = {}
+        for size in sizes:
+            versions = range(len(written), len(written) + size)
+            keys = [version.to_bytes(16, "little") for version in versions]
+            mrs = rig.filled([payload(version) for version in versions])
+            statuses = rig.run(rig.conn.mput(keys, mrs))
+            rig.release(mrs)
+            assert all(status.is_ok() for status in statuses)
+            written.update(zip(keys, map(payload, versions)))
+        idle(rig)
+        for keys, nbytes in calls:
+            assert len(keys) <= batch_keys and nbytes <= batch_blocks * BLOCK
+        sent = [key for keys, _ in calls for key in keys]
+        assert len(sent) == len(set(sent)) == len(written)
+        for key, expected in written.items():
+            status, data = get(rig, key)
+            assert status.is_ok() and data == expected
+    finally:
+        engine_surface.Client.mset = original
+        get_store("wb-split").clear()
+        rig.close()
+
+
+def test_rejected_keys_are_not_retried_by_the_flusher(make_rig):
+    """A store too small for a flush rejects its tail; re-sending would only
+    evict the blocks the same flush just stored. The rejected blocks become
+    misses, counted as lost."""
+    rig = make_rig(remote_url="local://wb-tiny?capacity=8KiB", retry_attempts=3)
+    keys = [bytes([i]) * 16 for i in range(4)]
+    mrs = rig.filled([payload(i) for i in range(4)])
+    statuses = rig.run(rig.conn.mput(keys, mrs))
+    rig.release(mrs)
+    assert all(status.is_ok() for status in statuses)  # accepted: the loss shows as misses
+    idle(rig)
+    health = rig.conn.health()
+    assert health["retries"] == 0
+    assert health["put_failures"] == 2 and health["write_behind_lost"] == 2
+    assert all(mr.ref_count == 0 for mr in mrs)
+    found = rig.blocks(4)
+    statuses = rig.run(rig.conn.mget(keys, found))
+    assert [s.is_ok() for s in statuses] == [True, True, False, False]
+    assert [rig.read(mr) for mr in found[:2]] == [payload(0), payload(1)]
+    rig.release(found)
+
+
+def test_a_get_overtakes_queued_flush_calls(make_rig, monkeypatch):
+    """Flush calls queue behind gets on the data pool: a reload does not
+    wait for a backlog of writes to drain."""
+    rig = make_rig(store="wb-sched", eic_thread_num=1, batch_keys=1)
+    hot = b"hot-key-00000000"
+    put(rig, hot, 1)
+    idle(rig)
+    calls = spy_calls(monkeypatch)
+    rig.store.faults.latency_s = 0.02
+    mrs = rig.filled([payload(10 + i) for i in range(6)])
+    statuses = rig.run(rig.conn.mput([bytes([i]) * 16 for i in range(6)], mrs))
+    rig.release(mrs)
+    assert all(status.is_ok() for status in statuses)
+    deadline = time.monotonic() + 5
+    while not calls and time.monotonic() < deadline:  # the first flush call is on the only thread
+        time.sleep(0.001)
+    status, data = get(rig, hot)
+    assert status.is_ok() and data == payload(1)
+    idle(rig)
+    ops = [op for op, _ in calls]
+    assert ops.index("mget") == 1, ops  # next after the call already running, not 7th
