@@ -7,12 +7,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from harness import write_config
 
 import aibrix_eic.engine as engine
 from aibrix_eic.cli import main
+from aibrix_eic.engine.enums import StatusCode
 from aibrix_eic.engine.store import Store
 
 
@@ -106,6 +108,57 @@ def test_faulty_engine_fails_at_put_with_advice(capsys, tmp_path):
     assert verdict_of(out, "put") == "FAIL"
     assert "mset" in out and "FAILED" in out
     assert "fix: the embedded engine injects failures" in out
+
+
+def test_put_is_written_behind_and_waited_for_by_default(capsys):
+    code, out = run_check(capsys)
+    assert code == 0, out
+    put_line = next(line for line in out.splitlines() if line.split()[1:2] == ["put"])
+    assert "written behind: in EIC" in put_line, put_line
+
+
+def test_a_write_behind_flush_that_stores_nothing_fails_at_put(capsys, monkeypatch):
+    """put returns OK before its block is sent (the default put_mode), so
+    check waits for the flush and fails the put step when EIC refused it."""
+    monkeypatch.setattr(Store, "put_many", lambda self, ns, keys, sources, ttl: [StatusCode.FAILED] * len(keys))
+    code, out = run_check(capsys)
+    assert code == 1
+    assert verdict_of(out, "put") == "FAIL", out
+    assert verdict_of(out, "exists") == "SKIP"
+    assert "did not reach EIC" in out and "mset failed" in out
+    assert "fix: the embedded engine injects failures" in out
+
+
+def test_get_is_served_by_eic_not_by_the_pending_write(capsys, monkeypatch):
+    """A store that acknowledges sets, slowly, and keeps nothing: a check
+    whose exists and get were answered from the connector's pending write
+    would pass."""
+
+    def slow_and_forgetful(self, ns, keys, sources, ttl):
+        time.sleep(0.2)
+        return [StatusCode.SUCCESS] * len(keys)
+
+    monkeypatch.setattr(Store, "put_many", slow_and_forgetful)
+    code, out = run_check(capsys)
+    assert code == 1
+    assert verdict_of(out, "put") == "PASS", out
+    assert verdict_of(out, "exists") == "FAIL", out
+    assert verdict_of(out, "get") == "SKIP"
+    assert "exists returned NOT_FOUND" in out
+
+
+def test_a_flush_that_outlives_its_bound_fails_at_put(capsys, monkeypatch, tmp_path):
+    def hangs(self, ns, keys, sources, ttl):
+        time.sleep(0.5)
+        return [StatusCode.SUCCESS] * len(keys)
+
+    monkeypatch.setattr(Store, "put_many", hangs)
+    path = config_file(tmp_path, remote_url="local://hung-flush", put_timeout_ms=50, write_behind_max_age_ms=50)
+    code, out = run_check(capsys, "--config", path)
+    assert code == 1
+    assert verdict_of(out, "put") == "FAIL", out
+    assert "still not written to EIC after 100 ms" in out
+    assert "timeout_ms" in out.split("fix:")[1]
 
 
 def test_slow_engine_fails_with_a_timeout_and_says_which_setting(capsys, tmp_path):

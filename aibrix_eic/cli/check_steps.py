@@ -3,6 +3,7 @@
 
 import dataclasses
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -12,6 +13,7 @@ import torch
 from ..config import ENV_CONFIG, ConfigError, EICConfig, config_path_from_env
 from ..sdk import HIT, SdkClient, load_sdk_module
 from ..units import format_size
+from ..write_behind import SLAB_SHARE
 from .check_advice import what_to_fix as _advice
 
 if TYPE_CHECKING:
@@ -24,6 +26,11 @@ OTHER_NAMESPACE_SUFFIX = "aibrix-eic-check"
 # How long the TTL probe waits for a real cluster to expire a 1 s key.
 TTL_PROBE_WAIT_S = 3.0
 NEVER_EXPIRES_PROBE_S = 30 * 24 * 3600
+# Blocks of registered memory: write-behind accepts a put early only while
+# pending writes hold at most 1/SLAB_SHARE of it, so with this much the test
+# block takes the default path (accepted at once, flushed later), as AIBrix's
+# blocks do in production.
+REGISTERED_BLOCKS = 2 * SLAB_SHARE
 
 
 class StepFailed(Exception):
@@ -174,8 +181,8 @@ class CheckSteps:
         block_nbytes = (
             self.requested_block_nbytes or self.cfg.block_nbytes or min(DEFAULT_BLOCK_NBYTES, self.cfg.max_value_bytes)
         )
-        # Two blocks: one written, one read back into.
-        slab = torch.zeros(2 * block_nbytes, dtype=torch.uint8)
+        # One block written, one read back into, the rest room for write-behind.
+        slab = torch.zeros(REGISTERED_BLOCKS * block_nbytes, dtype=torch.uint8)
         status = self.conn.register_slabs([slab])
         if not status.is_ok():
             raise StepFailed(str(status.value), what_to_fix(self.config, str(status.value)))
@@ -189,8 +196,8 @@ class CheckSteps:
     def put_block(self) -> tuple[str, str]:
         self.key = os.urandom(16)  # the size of AIBrix's rolling-hash keys
         self.cleanup_keys.add(self.key)
-        self._expect_ok("put", self.run_op(self.conn.put(self.key, self.regions[0])))
-        return PASS, f"1 block of {format_size(self.regions[0].length)}"
+        how = self._put_into_eic(self.key)
+        return PASS, f"1 block of {format_size(self.regions[0].length)}{how}"
 
     def block_exists(self) -> tuple[str, str]:
         self._expect_ok("exists", self.run_op(self.conn.exists(self.key)))
@@ -236,7 +243,7 @@ class CheckSteps:
         other_ns = f"{config.eic_kv_ns}-{OTHER_NAMESPACE_SUFFIX}" if config.eic_kv_ns else OTHER_NAMESPACE_SUFFIX
         key = os.urandom(16)
         self.cleanup_keys.add(key)
-        self._expect_ok("put", self.run_op(self.conn.put(key, self.regions[0])))
+        self._put_into_eic(key)
         eic_key = KeyCodec(self.conn.conn_id, config.eic_kv_ns, self.conn.model_identity.token).encode(key)
         ours, error = SdkClient.connect(self.sdk, config)
         if ours is None:
@@ -277,6 +284,37 @@ class CheckSteps:
         return PASS, "closed"
 
     # ------------------------------------------------------------ helpers
+    def _put_into_eic(self, key: bytes) -> str:
+        """Put the test block and wait until it is in EIC. A write-behind put
+        returns before its block is sent, and a get would then be answered
+        from the connector's own copy: the round trip must go through EIC.
+        Returns a note for the step's detail."""
+        conn, config = self.conn, self.cfg
+        before = conn.health()
+        self._expect_ok("put", self.run_op(conn.put(key, self.regions[0])))
+        started = time.perf_counter()
+        bound_ms = config.put_timeout_ms + config.write_behind_max_age_ms  # queued at most max_age, then one round
+        if not conn.write_behind.wait_idle(bound_ms / 1000):
+            message = (
+                f"put returned OK, but the block was still not written to EIC after {bound_ms:g} ms "
+                "(put_timeout_ms + write_behind_max_age_ms): the write-behind flush is waiting on EIC"
+            )
+            raise StepFailed(message, what_to_fix(self.config, message))
+        after = conn.health()
+        failed = after["put_failures"] - before["put_failures"]
+        lost = after["write_behind_lost"] - before["write_behind_lost"]
+        if failed or lost or after["write_behind_lost_keys"]:
+            message = (
+                "put returned OK (write-behind accepts a block before sending it), but the block did not reach "
+                f"EIC: the flush's mset failed for it (put_failures +{failed}, write_behind_lost +{lost})"
+            )
+            if after["breaker"] == "open":
+                message += f" (circuit open: {after['breaker_reason']})"
+            raise StepFailed(message, what_to_fix(self.config, message))
+        if after["write_behind_blocks"] == before["write_behind_blocks"]:
+            return ""  # stored before put returned (put_mode direct or coalesce, or past the byte bound)
+        return f", written behind: in EIC {(time.perf_counter() - started) * 1000:.1f} ms after put returned"
+
     def _expect_ok(self, op: str, status) -> None:
         if status.is_ok():
             return

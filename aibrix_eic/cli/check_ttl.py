@@ -27,7 +27,7 @@ class TtlSteps(CheckSteps):
         ttl = self.cfg.eic_kv_ttl
         key = os.urandom(16)
         self.cleanup_keys.add(key)
-        self._expect_ok("put", self.run_op(self.conn.put(key, self.regions[0])))
+        self._put_into_eic(key)  # expiry is EIC's: the block must be there, not only pending
         # A second key with a 1 s TTL, so expiry is exercised even when the
         # config never expires anything.
         short_client, short_key = self._put_ttl_probe()
