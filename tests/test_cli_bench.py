@@ -57,6 +57,21 @@ def test_json_has_the_fields(capsys):
     assert len(summary["per_request"]) == 3
 
 
+def test_reloads_come_from_eic_after_the_write_behind_flush(capsys):
+    """With the default put_mode, put returns before the blocks are in EIC;
+    the bench waits for them (timed as flush) so no reload is served from
+    the connector's pending writes, and offload counts that wait."""
+    code, out, _ = run_bench(capsys, *SMALL, "--json")
+    assert code == 0
+    summary = json.loads(out)
+    health = summary["connector_health"]
+    assert health["write_behind_blocks"] == 3 * 4, "the puts were written behind"
+    assert health["write_behind_served"] == 0, "a reload was served from a pending write"
+    assert summary["latency_ms"]["flush"]["count"] == 2
+    timed = [r for r in summary["per_request"] if not r["warmup"]]
+    assert summary["offload"]["seconds"] == pytest.approx(sum(r["put_s"] + r["flush_s"] for r in timed))
+
+
 def test_seventy_b_tp8_shape_is_forty_kib_per_token(capsys):
     code, out, _ = run_bench(
         capsys,

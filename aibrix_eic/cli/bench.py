@@ -109,7 +109,7 @@ def _drive(driver: ManagerDriver, warmup: int, requests: int, progress: Progress
                 note = f"warm-up {index + 1}/{warmup}"
             else:
                 offloaded_bytes += result.offloaded_tokens * driver.shape.bytes_per_token
-                put_seconds += result.seconds.get("put", 0.0)
+                put_seconds += result.offload_seconds
                 rate = offloaded_bytes / put_seconds / 1e9 if put_seconds else 0.0
                 note = f"offload {rate:.2f} GB/s"
             progress.update(index + 1, note)

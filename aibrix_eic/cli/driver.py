@@ -11,6 +11,10 @@ with what was sent -> `release`. Each call is timed on its own.
 L1 is off (with it on, puts reach L2 only when re-read), puts are
 synchronous, and the allocator's slabs are pre-faulted, as pinned slabs are
 in production, so timings measure the L2 path rather than page faults.
+
+With `put_mode: write_behind` (the default) `put` returns before its blocks
+are in EIC. Each request then times the wait for them (`flush`) before the
+receive turn, so the reload reads EIC, not the connector's pending writes.
 """
 
 import contextlib
@@ -43,7 +47,7 @@ EMBEDDED_STORE = "aibrix-eic-bench"
 SOURCE_BLOCKS = 8
 STAMP_NBYTES = 16
 VOCAB_SIZE = 128_000
-OPS = ("exists", "allocate", "copy_in", "put", "lookup", "acquire", "verify", "release")
+OPS = ("exists", "allocate", "copy_in", "put", "flush", "lookup", "acquire", "verify", "release")
 
 
 class ManagerUnavailable(RuntimeError):
@@ -78,6 +82,11 @@ class RequestResult:
     mismatched_blocks: int = 0
     errors: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def offload_seconds(self) -> float:
+        """From put until the blocks are in EIC."""
+        return self.seconds.get("put", 0.0) + self.seconds.get("flush", 0.0)
 
     @property
     def send_seconds(self) -> float:
@@ -182,6 +191,19 @@ class ManagerDriver:
         l2_cache = getattr(self.manager, "_l2_cache", None)
         return getattr(l2_cache, "_backend", None)
 
+    def wait_for_eic(self) -> str | None:
+        """Wait until the connector has sent every accepted put to EIC; what
+        went wrong, or None."""
+        connector = self.connector
+        write_behind = getattr(connector, "write_behind", None)
+        if write_behind is None:
+            return None
+        config = connector.config
+        bound_ms = config.put_timeout_ms + config.write_behind_max_age_ms  # queued at most max_age, then one round
+        if write_behind.wait_idle(bound_ms / 1000):
+            return None
+        return f"flush: write-behind had not written the blocks to EIC after {bound_ms:g} ms"
+
     # ------------------------------------------------------------- requests
     def prompt(self, index: int):
         from aibrix_kvcache import TokenListView
@@ -231,6 +253,10 @@ class ManagerDriver:
             result.offloaded_tokens = status.get()
         else:
             result.errors.append(f"put: {status}")
+        with timer("flush"):
+            problem = self.wait_for_eic()
+        if problem is not None:
+            result.errors.append(problem)
 
         with timer("lookup"):
             status = manager.exists(None, prompt)

@@ -67,7 +67,7 @@ def summarize(
         },
         "backend": backend,
         "bytes_per_token": bytes_per_token,
-        "offload": throughput(offloaded * bytes_per_token, seconds("put")),
+        "offload": throughput(offloaded * bytes_per_token, seconds("put") + seconds("flush")),
         "reload": throughput(reloaded * bytes_per_token, seconds("acquire")),
         "send_path": throughput(offloaded * bytes_per_token, sum(r.send_seconds for r in timed)),
         "receive_path": throughput(reloaded * bytes_per_token, sum(r.receive_seconds for r in timed)),
@@ -84,8 +84,9 @@ def summarize(
                 "index": r.index,
                 "warmup": r.warmup,
                 "put_s": r.seconds.get("put", 0.0),
+                "flush_s": r.seconds.get("flush", 0.0),
                 "acquire_s": r.seconds.get("acquire", 0.0),
-                "offload_gb_per_s": _rate(r.offloaded_tokens * bytes_per_token, r.seconds.get("put", 0.0)),
+                "offload_gb_per_s": _rate(r.offloaded_tokens * bytes_per_token, r.offload_seconds),
                 "reload_gb_per_s": _rate(r.reloaded_tokens * bytes_per_token, r.seconds.get("acquire", 0.0)),
             }
             for r in results
@@ -113,6 +114,7 @@ def render_text(summary: dict[str, Any]) -> str:
         f"{work['warmup_requests']} warm-up",
         "",
         f"offload   {summary['offload']['gb_per_s']:7.2f} GB/s   put      {lat('put')}",
+        f"          (put + flush)  flush    {lat('flush')}",
         f"reload    {summary['reload']['gb_per_s']:7.2f} GB/s   acquire  {lat('acquire')}",
         f"lookup                    exists   {lat('lookup')}",
         f"send path {summary['send_path']['gb_per_s']:7.2f} GB/s   (exists + allocate + copy-in + put)",
