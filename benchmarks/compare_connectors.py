@@ -222,9 +222,10 @@ class Builder:
         log_dir = os.path.join(directory, "eic-logs")
         self.configs = {}
         for condition in CONDITIONS:
-            self.configs["ours", condition.name] = write_yaml(
-                directory, f"ours-{condition.store}.yaml", {"remote_url": f"local://{condition.endpoint()}"}
-            )
+            # direct: a put is its own SDK calls, as upstream's; timed puts and gets then
+            # go to EIC (write-behind against upstream: bench_ingestion.py)
+            ours = {"remote_url": f"local://{condition.endpoint()}", "put_mode": "direct"}
+            self.configs["ours", condition.name] = write_yaml(directory, f"ours-{condition.store}.yaml", ours)
             self.configs["upstream", condition.name] = write_yaml(
                 directory,
                 f"upstream-{condition.store}.yaml",
