@@ -48,6 +48,14 @@ def test_defaults_use_the_embedded_engine():
     assert config.source == DEFAULT_SOURCE
 
 
+def test_puts_are_written_behind_unless_the_file_says_otherwise(tmp_path):
+    assert EICConfig().put_mode == "write_behind"
+    assert load_text(tmp_path, UPSTREAM_YAML.format(log_dir=tmp_path / "logs")).put_mode == "write_behind"
+    assert load_text(tmp_path, "remote_url: local://\nput_mode: direct\n").put_mode == "direct"
+    error = error_of(tmp_path, "remote_url: local://\nput_mode: behind\n")
+    assert error.key == "put_mode" and "write_behind, coalesce, direct" in str(error)
+
+
 def test_trailing_slash_is_not_sent_to_the_sdk(tmp_path):
     config = load_text(tmp_path, "remote_url: eic://10.0.0.1:12500/\neic_instance_id: x\n")
     assert config.endpoint == "10.0.0.1:12500"
