@@ -1,9 +1,23 @@
-"""The write-behind flusher: one thread that sends queued writes to EIC in
-rounds of batched msets, at most one round in flight, and re-deletes keys
-whose write failed (pending.py). A round's SDK calls run on the link's data
-pool; each entry leaves the table, and its region reference is released,
-only once the call that carried it has returned, or was cancelled before it
-started, so no SDK call ever touches a released region.
+"""The write-behind flusher: sends queued writes to EIC in rounds of batched
+msets, at most one round in flight, and re-deletes keys whose write failed
+(pending.py). Each entry leaves the table, and its region reference is
+released, only once the call that carried it has returned, or was cancelled
+before it started, so no SDK call ever touches a released region.
+
+Two parts:
+- a drain, a task on the link's data pool, takes a round and runs its first
+  SDK call on its own thread; a big round's other calls run on other pool
+  threads, and whichever call of the round ends last takes the next round on
+  its thread. So a burst of puts costs no thread hand-off per round, which
+  on a busy host is most of what a round costs the caller. Between rounds a
+  drain gives its thread up to queued gets and probes (they run first).
+- the watcher thread (`aibrix_eic_flusher`) starts a drain when work arrives
+  and none runs, drops writes older than write_behind_max_age_ms, drops
+  everything queued while the circuit is open, and gives up on a drain whose
+  round outlived put_timeout_ms: that counts as a breaker failure, and a new
+  drain carries on with the other keys (a key in flight is never sent again
+  before its call returns, so per-key order holds). The pool replaces the
+  thread stuck in that call; the old drain stops when the call returns.
 
 The first write after an idle spell goes out at once; writes arriving while a
 round is in flight wait for it and share the next one. That keeps a lone put
@@ -13,7 +27,7 @@ at one round trip and a burst of single-block puts at a few batched ones.
 import logging
 import threading
 import time
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 
 from aibrix_kvcache.status import Status, StatusCodes
 
@@ -29,7 +43,7 @@ from .sdk import HIT, MISS
 
 logger = logging.getLogger(__name__)
 
-TICK_S = 0.05  # how often an idle flusher looks at ages and lost keys
+TICK_S = 0.05  # how often the watcher looks at ages, lost keys and the drain
 
 
 def settle(done: Finished) -> None:
@@ -42,6 +56,25 @@ def _buffers(writes: list[Entry]) -> list[tuple[int, int, bool]]:
     return [entry.buffer for entry in writes if entry.buffer is not None]  # a write always has one
 
 
+class _Drain:
+    """One drain; `round_started` is when its current round began (None
+    between rounds), read by the watcher under the table lock."""
+
+    __slots__ = ("round_started",)
+
+    def __init__(self) -> None:
+        self.round_started: float | None = None
+
+
+class _Countdown:
+    """Calls of a round still running (under the table lock)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+
 class Flusher:
     def __init__(self, table: PendingTable, config: EICConfig, link: Link, dispatcher: Dispatcher,
                  counters: Counters, rate_log: RateLimitedLogger) -> None:  # fmt: skip
@@ -52,10 +85,17 @@ class Flusher:
         self._counters = counters
         self._rate_log = rate_log
         self._thread: threading.Thread | None = None
-        self.running = False  # puts are accepted (read and written under table.cond)
+        self.running = False  # puts are accepted (read and written under the table lock)
         self._closing = False  # send what is queued, then stop
-        self._generation = 0  # a flusher left over from before a reopen stops
+        self._generation = 0  # a watcher left over from before a reopen stops
+        self._drain: _Drain | None = None  # the one drain allowed to take rounds
         self._lost_retry_at = 0.0  # lost keys are re-deleted at most every TICK_S
+        self._round_timeout_s = config.put_timeout_ms / 1000
+
+    @property
+    def draining(self) -> bool:
+        """A drain will see new work without being told (under the table lock)."""
+        return self._drain is not None
 
     # ---------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -63,9 +103,10 @@ class Flusher:
             if self.running:
                 return
             self.running, self._closing = True, False
+            self._drain = None
             self._generation += 1
             generation = self._generation
-        self._thread = threading.Thread(target=self._loop, args=(generation,), name="aibrix_eic_flusher", daemon=True)
+        self._thread = threading.Thread(target=self._watch, args=(generation,), name="aibrix_eic_flusher", daemon=True)
         self._thread.start()
 
     def close(self, timeout_s: float) -> int:
@@ -78,13 +119,15 @@ class Flusher:
             if not self.running:
                 return 0
             self.running, self._closing = False, True
-            table.cond.notify_all()
+            table.wake_flusher.notify_all()
         deadline = Deadline(timeout_s)
         if self._thread is not None:
             self._thread.join(deadline.remaining())
         done = Finished()
         with table.cond:
-            self._closing = False  # a flusher still waiting on a hung call stops at its next look
+            self._closing = False  # a watcher still running stops at its next look
+            self._drain = None  # ...and so does a drain, after its round
+            table.wake_flusher.notify_all()
             dropped = table.drop_all_queued("pending write dropped: the connector closed", done)
             while table.inflight and not deadline.expired():
                 table.cond.wait(min(TICK_S, deadline.remaining()))
@@ -94,85 +137,172 @@ class Flusher:
             logger.warning("EIC close dropped %d pending writes it could not flush in time", dropped)
         return dropped
 
-    def _loop(self, generation: int) -> None:
+    # ------------------------------------------------------------ watcher
+    def _watch(self, generation: int) -> None:
         table = self._table
-        while generation == self._generation:
+        while True:
             done = Finished()
-            writes: list[Entry] = []
-            deletes: list[Entry] = []
+            start_drain: _Drain | None = None
+            overdue = False
             with table.cond:
-                while True:
-                    lost = table.drop_aged(time.monotonic(), done)
-                    down = self._link.breaker.tripped or self._link.session is None or self._link.data_pool is None
-                    if down:
-                        lost += table.drop_all_queued("pending write dropped: EIC circuit is open", done)
-                    if lost:
-                        self._counters.add(write_behind_lost=lost)
-                    stopping = not self.running and not (self._closing and table.queued and not down)
-                    if stopping or generation != self._generation:
-                        break
-                    now = time.monotonic()
-                    with_deletes = now >= self._lost_retry_at
-                    writes, deletes = ([], []) if down else table.take_round(1 << 30, with_deletes)
-                    if deletes:
-                        self._lost_retry_at = now + TICK_S
-                    if writes or deletes:
-                        break
-                    table.cond.wait(TICK_S)
+                if generation != self._generation:
+                    return
+                now = time.monotonic()
+                lost = table.drop_aged(now, done)
+                down = self._down()
+                if down:
+                    lost += table.drop_all_queued("pending write dropped: EIC circuit is open", done)
+                started = self._drain.round_started if self._drain is not None else None
+                # TICK_S of grace: a round of several calls times out by itself first
+                if started is not None and now - started > self._round_timeout_s + TICK_S:
+                    self._drain = None  # it stops after its round; a new drain carries on
+                    overdue = True
+                if not self.running and (not self._closing or down or (not table.queued and self._drain is None)):
+                    stop = True
+                else:
+                    stop = False
+                    wanted = table.queued or (table.lost and now >= self._lost_retry_at)
+                    if self._drain is None and wanted and not down:
+                        start_drain = self._drain = _Drain()
+                    else:
+                        table.wake_flusher.wait(TICK_S)
             settle(done)
-            if not writes and not deletes:
+            if lost:
+                self._counters.add(write_behind_lost=lost)
+            if overdue:
+                self._counters.add(timeouts=1)
+                self._link.breaker.record_failure(f"put exceeded put_timeout_ms={self._config.put_timeout_ms:g}")
+                self._rate_log.log("wb-timeout", logging.WARNING, "EIC write-behind flush exceeded put_timeout_ms")
+            if stop:
                 return
-            self._send_round(writes, deletes)
+            if start_drain is not None:
+                self._submit_drain(start_drain)
 
-    def _send_round(self, writes: list[Entry], deletes: list[Entry]) -> None:
+    def _down(self) -> bool:
+        link = self._link
+        return link.breaker.tripped or link.session is None or link.data_pool is None
+
+    def _drain_ended(self, drain: _Drain) -> None:
+        with self._table.cond:
+            if self._drain is drain:
+                self._drain = None
+            self._table.wake_flusher.notify_all()
+
+    # -------------------------------------------------------------- drain
+    def _run_drain(self, drain: _Drain) -> None:
+        """Take and send rounds until nothing is queued. Runs on a pool
+        thread: as a task, or on the thread that finished a round's last call."""
+        try:
+            self._drain_rounds(drain)
+        except BaseException as e:  # a bug: the drain must not stay marked running, or nothing flushes again
+            self._rate_log.log("wb-internal", logging.ERROR, "EIC write-behind drain failed internally: %r", e)
+            self._drain_ended(drain)
+
+    def _drain_rounds(self, drain: _Drain) -> None:
+        table = self._table
+        while True:
+            with table.cond:
+                drain.round_started = None
+                if self._drain is not drain or self._down():
+                    if self._drain is drain:
+                        self._drain = None
+                        table.wake_flusher.notify_all()
+                    return
+                now = time.monotonic()
+                with_deletes = now >= self._lost_retry_at
+                writes, deletes = table.take_round(1 << 30, with_deletes)
+                if deletes:
+                    self._lost_retry_at = now + TICK_S
+                if not writes and not deletes:
+                    self._drain = None
+                    table.wake_flusher.notify_all()
+                    return
+                drain.round_started = now
+            if not self._send_round(drain, writes, deletes):
+                return  # calls still running on other threads: the last to end carries on
+            pool = self._link.data_pool
+            if pool is not None and pool.waiting_ahead_of(PUT_PRIORITY):
+                self._submit_drain(drain)  # let queued gets and probes run first
+                return
+
+    def _submit_drain(self, drain: _Drain) -> None:
+        pool = self._link.data_pool
+        try:
+            if pool is None:
+                raise RuntimeError("no pool")
+            future = pool.submit(self._run_drain, drain, priority=PUT_PRIORITY)
+        except RuntimeError:  # closed under us
+            self._drain_ended(drain)
+            return
+
+        def ended_if_cancelled(done: Future) -> None:
+            if done.cancelled():
+                self._drain_ended(drain)
+
+        future.add_done_callback(ended_if_cancelled)
+
+    def _send_round(self, drain: _Drain, writes: list[Entry], deletes: list[Entry]) -> bool:
+        """Start one round: its first SDK call here, the others on the pool.
+        True when the whole round has ended on return."""
         session, pool = self._link.session, self._link.data_pool
-        deadline = Deadline(self._config.put_timeout_ms / 1000)
-        futures: list[Future] = []
-        groups: list[list[Entry]] = []
+        deadline = Deadline(self._round_timeout_s)
+        calls: list[tuple] = []
         if writes:
             mark = session is not None and session.registration_ok and self._config.put_registered
             buffers = [(addr, nbytes, registered and mark) for addr, nbytes, registered in _buffers(writes)]
             chunks = self._dispatcher.chunks([e.key for e in writes], buffers, ())
             start = 0
             for chunk in chunks:
-                groups.append(writes[start : start + len(chunk.keys)])
+                calls.append((self._flush_chunk, chunk, writes[start : start + len(chunk.keys)]))
                 start += len(chunk.keys)
-            for chunk, group in zip(chunks, groups):
-                futures.append(self._submit(pool, self._flush_chunk, session, chunk, group, deadline))
             self._counters.add(write_behind_flushes=1)
         for start in range(0, len(deletes), self._config.batch_keys):
-            group = deletes[start : start + self._config.batch_keys]
-            futures.append(self._submit(pool, self._delete_lost, session, None, group, deadline))
-        while futures and not deadline.expired():  # at most one round in flight
-            futures = list(wait(futures, timeout=min(TICK_S, deadline.remaining()))[1])
-            done = Finished()
-            with self._table.cond:
-                lost = self._table.drop_aged(time.monotonic(), done)
-            settle(done)
-            if lost:
-                self._counters.add(write_behind_lost=lost)
-        if futures:  # entries stay in flight (and held) until their calls return
-            self._counters.add(timeouts=1)
-            self._link.breaker.record_failure(f"put exceeded put_timeout_ms={self._config.put_timeout_ms:g}")
-            self._rate_log.log("wb-timeout", logging.WARNING, "EIC write-behind flush exceeded put_timeout_ms")
+            calls.append((self._delete_lost, None, deletes[start : start + self._config.batch_keys]))
+        if session is None or pool is None:
+            for _fn, _chunk, group in calls:
+                self._end(group, [False] * len(group), "not sent: the connector closed")
+            return True
+        countdown = _Countdown(len(calls))
+        for fn, chunk, group in calls[1:]:
+            self._submit(pool, drain, countdown, fn, session, chunk, group, deadline)
+        fn, chunk, group = calls[0]
+        self._run_call(fn, session, chunk, group, deadline)
+        return self._call_ended(countdown)
 
-    def _submit(self, pool, fn, session, chunk, group: list[Entry], deadline: Deadline) -> Future:
+    def _submit(self, pool, drain: _Drain, countdown: "_Countdown", fn, session, chunk, group: list[Entry],
+                deadline: Deadline) -> None:  # fmt: skip
         try:
-            if session is None or pool is None:
-                raise RuntimeError("no session")
-            future = pool.submit(fn, session, chunk, group, deadline, priority=PUT_PRIORITY)
+            future = pool.submit(self._pool_call, drain, countdown, fn, session, chunk, group, deadline,
+                                 priority=PUT_PRIORITY)  # fmt: skip
         except RuntimeError:  # closed under us: nothing was sent
             self._end(group, [False] * len(group), "not sent: the connector closed")
-            future = Future()
-            future.set_result(None)
-            return future
+            self._call_ended(countdown)
+            return
 
         def end_if_cancelled(done: Future) -> None:  # it never ran: nothing can touch its regions
             if done.cancelled():
                 self._end(group, [False] * len(group), "cancelled")
+                if self._call_ended(countdown):
+                    self._drain_ended(drain)  # the pool is shutting down: no next round
 
         future.add_done_callback(end_if_cancelled)
-        return future
+
+    def _pool_call(self, drain: _Drain, countdown: "_Countdown", fn, session, chunk, group, deadline) -> None:
+        self._run_call(fn, session, chunk, group, deadline)
+        if self._call_ended(countdown):
+            self._run_drain(drain)  # the round's last call: take the next round on this thread
+
+    def _run_call(self, fn, session, chunk, group: list[Entry], deadline: Deadline) -> None:
+        try:
+            fn(session, chunk, group, deadline)
+        except BaseException as e:  # the call's own guards ended its entries
+            self._rate_log.log("wb-internal", logging.ERROR, "EIC write-behind call failed internally: %r", e)
+
+    def _call_ended(self, countdown: "_Countdown") -> bool:
+        """One call of a round ended; True for the last."""
+        with self._table.cond:
+            countdown.left -= 1
+            return countdown.left == 0
 
     def _flush_chunk(self, session: Session, chunk: Chunk, group: list[Entry], deadline: Deadline) -> None:
         try:

@@ -1,8 +1,8 @@
 """The write-behind table: writes the connector accepted that EIC has not
 confirmed yet, and the keys whose last write may have been lost.
 
-Bookkeeping under one lock (`cond`, which the flusher also waits on); no
-SDK calls. A region reference taken by the caller (request_guard.hold) is
+Bookkeeping under one lock (shared by `cond` and `wake_flusher`); no SDK
+calls. A region reference taken by the caller (request_guard.hold) is
 dropped here when its entry leaves the table; callers answer the waiters
 (`Finished.acks`) after letting go of the lock.
 
@@ -109,7 +109,9 @@ SUPERSEDED = None  # an overwritten or deleted write counts as done: a later one
 
 class PendingTable:
     def __init__(self, max_bytes: int, max_age_s: float) -> None:
-        self.cond = threading.Condition(threading.Lock())
+        lock = threading.Lock()
+        self.cond = threading.Condition(lock)  # entries finished, or dropped: for waiters on the table
+        self.wake_flusher = threading.Condition(lock)  # work arrived, or a drain ended: for the flusher alone
         self.max_bytes = max_bytes
         self.max_age_s = max_age_s
         self.queued: dict[str, Entry] = {}  # oldest first

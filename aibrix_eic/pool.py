@@ -61,6 +61,13 @@ class PriorityThreadPool:
             self._replace_stuck_unsafe()
         return future
 
+    def waiting_ahead_of(self, priority: int) -> bool:
+        """Whether a task that runs before `priority` is queued (a hint, for a
+        long task that yields its thread between steps)."""
+        with self._queue.mutex:
+            heap = self._queue.queue
+            return bool(heap) and heap[0][0] < priority
+
     def shutdown(self) -> None:
         """Stop taking work; cancel what has not started. Running calls finish."""
         with self._lock:

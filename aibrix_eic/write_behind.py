@@ -111,7 +111,8 @@ class WriteBehind:
             if not early:
                 ack = Ack(len(eic_keys), asyncio.get_running_loop())
             table.add(eic_keys, buffers, mrs, time.monotonic(), early, ack, done)
-            table.cond.notify_all()
+            if not self._flusher.draining:  # a running drain takes it with its next round
+                table.wake_flusher.notify()
         settle(done)
         self._counters.add(puts=1, put_blocks=len(eic_keys), write_behind_blocks=len(eic_keys) if early else 0,
                            write_behind_waits=0 if early or not self._accept_early else 1)  # fmt: skip
@@ -167,6 +168,16 @@ class WriteBehind:
         regions, lost keys are misses, the rest comes from EIC
         (`from_eic(keys, mrs)`). The result is prefix-closed, and in the
         token-validation layout `restore` checks the whole request's tokens."""
+        refused = hold(mrs, "get")  # a released region is INVALID here too, not a silent miss
+        if refused is not None:
+            return refused
+        try:
+            return await self._mget_held(eic_keys, keys, mrs, from_eic, restore)
+        finally:
+            release(mrs)
+
+    async def _mget_held(self, eic_keys: list[str], keys: Sequence[bytes], mrs: Sequence[MemoryRegion], from_eic,
+                         restore) -> list[Status]:  # fmt: skip
         found = self.read(eic_keys, mrs)
         nkeys = len(keys)
         end = found.index(False) if False in found else nkeys

@@ -92,6 +92,8 @@ def test_connector_shared_by_event_loops_on_several_threads():
                 if not isinstance(put, list):
                     errors.append(f"mput: {put}")
                     continue
+                if not rig.conn.write_behind.wait_idle(10):  # so exists asks EIC, not the pending writes
+                    errors.append("write-behind did not flush")
                 exists = loop.run_until_complete(exists_all(keys))
                 if not all(status.is_ok() for status in exists):
                     errors.append("exists missed a stored key")

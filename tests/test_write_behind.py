@@ -423,3 +423,44 @@ def test_a_get_overtakes_queued_flush_calls(make_rig, monkeypatch):
     idle(rig)
     ops = [op for op, _ in calls]
     assert ops.index("mget") == 1, ops  # next after the call already running, not 7th
+
+
+def test_a_flush_stuck_past_put_timeout_counts_as_a_failure_and_other_keys_still_flush(make_rig, monkeypatch):
+    """A hung mset holds its own keys (and regions) until it returns, but not
+    the queue: past put_timeout_ms the breaker hears of it and later writes
+    go out on another thread. The stuck key is not sent again meanwhile."""
+    rig = make_rig(store="wb-stuck", put_timeout_ms=150, breaker_failures=50, write_behind_max_age_ms=10_000)
+    stuck_key = b"\x07" * 16
+    release_call = threading.Event()
+    sent_stuck = []
+    original = engine_surface.Client.mset
+
+    def mset(self, keys, *args):
+        if any(stuck_key.hex() in key for key in keys):
+            sent_stuck.append(list(keys))
+            release_call.wait(10)
+        return original(self, keys, *args)
+
+    monkeypatch.setattr(engine_surface.Client, "mset", mset)
+    try:
+        _, stuck_region = put(rig, stuck_key, 1)
+        in_flight(rig)
+        later = [put(rig, bytes([i]) * 16, i)[1] for i in range(10, 14)]  # queued behind the stuck round
+        deadline = time.monotonic() + 5
+        while any(mr.ref_count for mr in later) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert all(mr.ref_count == 0 for mr in later), "later writes were flushed past the stuck one"
+        for i in range(10, 14):
+            status, data = get(rig, bytes([i]) * 16)
+            assert status.is_ok() and data == payload(i)
+        health = rig.conn.health()
+        assert health["timeouts"] >= 1, "the stuck round counts as a timeout (a breaker failure)"
+        assert stuck_region.ref_count == 1, "the region of the hung call stays held"
+        assert get(rig, stuck_key)[1] == payload(1), "and reads of it are served from it meanwhile"
+        assert len(sent_stuck) == 1, "a key in flight is never sent again before its call returns"
+    finally:
+        release_call.set()
+    idle(rig)
+    assert stuck_region.ref_count == 0
+    status, data = get(rig, stuck_key)
+    assert status.is_ok() and data == payload(1)
