@@ -52,7 +52,7 @@ from .sdk import HIT, MISS
 __all__ = [
     "DELETE_SKIPPED", "FAST_MISS", "LABELS", "MULTIPROC_ENV", "NO_METRICS", "OPS", "PUT_SKIPPED",
     "ConnectorMetrics", "NoMetrics", "exporter_port", "for_connector", "partition_of", "publish_all",
-    "request_outcome", "start_exporter",
+    "request_outcome", "start_exporter", "WRITE_BEHIND_OUTCOMES",
 ]  # fmt: skip
 
 

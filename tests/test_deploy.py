@@ -339,7 +339,12 @@ def label_values() -> dict[str, set[str]]:
     return {
         "op": set(metrics.OPS),
         "outcome": {
-            o for outcomes in (*metrics.REQUEST_OUTCOMES.values(), *metrics.BLOCK_OUTCOMES.values()) for o in outcomes
+            *(
+                o
+                for outcomes in (*metrics.REQUEST_OUTCOMES.values(), *metrics.BLOCK_OUTCOMES.values())
+                for o in outcomes
+            ),
+            *metrics.WRITE_BEHIND_OUTCOMES,
         },
         "direction": {"in", "out"},
     }
