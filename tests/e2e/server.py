@@ -309,6 +309,20 @@ class Server:
             time.sleep(0.2)
         raise ServerError(f"{self.name}: no fresh probe snapshot within {timeout_s:.0f}s: {self.store_stats()}")
 
+    def flushed_stats(self, timeout_s: float = 10.0) -> dict[int, dict]:
+        """Snapshots taken once no connector had writes pending: with
+        write-behind a put returns before its blocks are in the store, so
+        this is what to read the store's keys from."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            stats = self.fresh_stats(timeout_s)
+            pending = sum(h.get("write_behind_pending", 0) for s in stats.values() for h in s["health"])
+            if not pending:
+                return self.fresh_stats(timeout_s)  # stores read after the flush, not in the same pass
+            if time.monotonic() > deadline:
+                raise ServerError(f"{self.name}: {pending} writes still pending after {timeout_s:.0f}s")
+            time.sleep(0.2)
+
     def probe(self, name: str, command: dict, processes: int = 1, timeout_s: float = 15.0) -> list[dict]:
         """Run a probe command in the engine processes; their results."""
         (self.probe_dir / f"cmd-{name}.json").write_text(json.dumps(command))

@@ -46,7 +46,7 @@ def test_first_send_offloads_then_reloads_reuse_it(server, baseline):
     assert server.sent(first) == FULL_REUSE
     assert server.reuse(first) == 0
     assert_same_output(first, baseline["p0"], "first send")
-    stats = server.fresh_stats()
+    stats = server.flushed_stats()
     (snapshot,) = stats.values()
     assert snapshot["stores"]["l1off"]["keys"] == FULL_REUSE // ENGINE_BLOCK
     hits_before = snapshot["stores"]["l1off"]["hits"]

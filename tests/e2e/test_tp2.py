@@ -36,10 +36,11 @@ def test_reloads_through_both_workers_match_baseline(server, baseline):
     for name in ("p0", "p1"):
         first = server.complete(PROMPTS[name])
         assert_same_output(first, baseline[name], f"{name} first")
+        server.flushed_stats()  # the reload reads EIC, not the connector's pending writes
         again = server.complete(PROMPTS[name])
         assert server.counts(again, "reused") == [FULL_REUSE, FULL_REUSE], name  # one line per rank
         assert_same_output(again, baseline[name], f"{name} reload")
-    stats = server.fresh_stats()
+    stats = server.flushed_stats()
     assert len(stats) == 2, f"expected one engine store per worker process: {stats}"
     for pid, snapshot in stats.items():
         store = snapshot["stores"]["tp2"]

@@ -40,6 +40,7 @@ def test_vllm_metrics_endpoint_shows_our_series_move(model_dir, workdir):
         hits_before = value(before, "aibrix_eic_blocks_total", op="get", outcome="hit", namespace="e2e-metrics")
         first = server.complete(PROMPTS["p1"])
         assert server.sent(first) == FULL_REUSE
+        server.flushed_stats()  # the reload reads EIC, not the connector's pending writes
         again = server.complete(PROMPTS["p1"])
         assert server.reuse(again) == FULL_REUSE
         after = scrape(server)
@@ -49,6 +50,12 @@ def test_vllm_metrics_endpoint_shows_our_series_move(model_dir, workdir):
         hits = value(after, "aibrix_eic_blocks_total", op="get", outcome="hit", namespace="e2e-metrics") - hits_before
         assert hits > 0, f"no hits counted for a reload of {blocks} engine blocks"
         assert value(after, "aibrix_eic_requests_total", op="get", outcome="hit", namespace="e2e-metrics") >= 1
+        # puts were written behind (the default put_mode), and no hit was served from a pending write
+        accepted, served = (
+            value(after, "aibrix_eic_write_behind_blocks_total", outcome=outcome, namespace="e2e-metrics")
+            for outcome in ("accepted", "served")
+        )
+        assert accepted > 0 and served == 0, (accepted, served)
         assert value(after, "aibrix_eic_bytes_total", direction="in", namespace="e2e-metrics") > 0
         partitions = {dict(ls).get("partition") for (n, ls) in after if n == "aibrix_eic_breaker_open"}
         assert partitions and all(p.startswith("h0_1_l0_1") for p in partitions), partitions
