@@ -7,7 +7,7 @@ import threading
 
 import torch
 from connector_tools import ConnectorRig
-from harness import BLOCK_NTOKENS, block_spec, make_manager, manager_env, pattern, tokens, use_config
+from harness import BLOCK_NTOKENS, block_spec, make_manager, manager_env, pattern, tokens, use_config, wait_flushed
 
 from aibrix_eic.engine import get_store
 
@@ -69,6 +69,7 @@ def test_manager_used_from_many_threads_stays_bit_exact(monkeypatch, tmp_path):
         stop.set()
         prober.join(timeout=30)
         assert not errors, errors[:5]
+        wait_flushed(cache)  # the last puts may still be pending
         assert len(get_store("threads")) == THREADS * ROUNDS * 12
     finally:
         stop.set()
