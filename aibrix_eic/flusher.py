@@ -90,6 +90,7 @@ class Flusher:
         self._generation = 0  # a watcher left over from before a reopen stops
         self._drain: _Drain | None = None  # the one drain allowed to take rounds
         self._lost_retry_at = 0.0  # lost keys are re-deleted at most every TICK_S
+        self._took_nothing_at = -1  # table.seq when a drain last found nothing it could send
         self._round_timeout_s = config.put_timeout_ms / 1000
 
     @property
@@ -161,7 +162,8 @@ class Flusher:
                     stop = True
                 else:
                     stop = False
-                    wanted = table.queued or (table.lost and now >= self._lost_retry_at)
+                    retry = now >= self._lost_retry_at
+                    wanted = (table.queued and (retry or table.seq != self._took_nothing_at)) or (table.lost and retry)
                     if self._drain is None and wanted and not down:
                         start_drain = self._drain = _Drain()
                     else:
@@ -214,6 +216,10 @@ class Flusher:
                 if deletes:
                     self._lost_retry_at = now + TICK_S
                 if not writes and not deletes:
+                    # What is left waits for a key's operation in flight: no new drain for it
+                    # before something changes or a tick passes (the watcher's `wanted`).
+                    self._lost_retry_at = max(self._lost_retry_at, now + TICK_S)
+                    self._took_nothing_at = table.seq
                     self._drain = None
                     table.wake_flusher.notify_all()
                     return

@@ -138,6 +138,12 @@ class PendingTable:
         return LOST if key in self.lost else None
 
     # ------------------------------------------------------------ changes
+    @property
+    def seq(self) -> int:
+        """The last sequence number handed out: it moves on every change a
+        round could take (a write queued, a key lost)."""
+        return self._seq
+
     def next_seq(self) -> int:
         self._seq += 1
         return self._seq

@@ -464,3 +464,58 @@ def test_a_flush_stuck_past_put_timeout_counts_as_a_failure_and_other_keys_still
     assert stuck_region.ref_count == 0
     status, data = get(rig, stuck_key)
     assert status.is_ok() and data == payload(1)
+
+
+def test_a_lost_key_whose_delete_is_in_flight_does_not_spin_the_flusher(make_rig, monkeypatch):
+    """Lost keys are re-deleted at most every flusher tick, also while the
+    only one left is already being deleted (nothing to take, nothing to do)."""
+    from aibrix_eic import flusher
+
+    rig = make_rig(store="wb-nospin", retry_attempts=0, breaker_failures=1000)
+    key = b"s" * 16
+    rig.store.faults.fail_rate = 1.0  # the mset and its clearing mdel fail: the key is lost
+    put(rig, key, 1)
+    idle(rig)
+    assert rig.conn.health()["write_behind_lost_keys"] == 1
+    drains = []
+    original = flusher.Flusher._submit_drain
+    monkeypatch.setattr(flusher.Flusher, "_submit_drain", lambda self, drain: (drains.append(1), original(self, drain)))
+    table = rig.conn.write_behind.table
+    with table.cond:  # a user delete of the key in flight: the lost key cannot be taken
+        claim = table.claim_delete(next(iter(table.lost)))
+    time.sleep(0.5)
+    assert len(drains) <= 0.5 / flusher.TICK_S + 2, f"{len(drains)} drains in 0.5 s"
+    rig.store.faults.clear()
+    from aibrix_eic.pending import Finished
+
+    with table.cond:
+        table.finish(claim, False, None, Finished())  # it did not finish: still lost, the flusher retries
+    deadline = time.monotonic() + 5
+    while rig.conn.health()["write_behind_lost_keys"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert rig.conn.health()["write_behind_lost_keys"] == 0
+
+
+def test_a_write_waiting_behind_its_keys_delete_does_not_spin_the_flusher(make_rig, monkeypatch):
+    """A queued write whose key has a delete in flight waits for it without
+    the flusher starting empty rounds meanwhile, and goes out after it."""
+    from aibrix_eic import flusher
+    from aibrix_eic.pending import Finished
+
+    rig = make_rig(store="wb-nospin2")
+    key = b"o" * 16
+    eic_key = rig.conn._direct.encode_keys([key])[0]
+    table = rig.conn.write_behind.table
+    with table.cond:  # a delete of the key in flight (what WriteBehind.delete claims)
+        claim = table.claim_delete(eic_key)
+    drains = []
+    original = flusher.Flusher._submit_drain
+    monkeypatch.setattr(flusher.Flusher, "_submit_drain", lambda self, drain: (drains.append(1), original(self, drain)))
+    put(rig, key, 2)  # queued: its key is busy, so no round can take it yet
+    time.sleep(0.3)
+    assert len(drains) <= 0.3 / flusher.TICK_S + 2, f"{len(drains)} drains in 0.3 s"
+    with table.cond:
+        table.finish(claim, True, None, Finished())
+    idle(rig)
+    status, data = get(rig, key)
+    assert status.is_ok() and data == payload(2)
