@@ -1,6 +1,7 @@
 """L2 ingestion with L1 on, AIBrix's default configuration, through the real
-BaseKVCacheManager: ours with write-behind, ours with direct puts (today's
-default), and aibrix-kvcache's own EICConnector, in one run.
+BaseKVCacheManager: ours with write-behind (the default), ours with direct
+puts (the put path before write-behind), and aibrix-kvcache's own
+EICConnector, in one run.
 
     python benchmarks/bench_ingestion.py [--repeats 5] [--json out.json]
 
