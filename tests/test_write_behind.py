@@ -519,3 +519,26 @@ def test_a_write_waiting_behind_its_keys_delete_does_not_spin_the_flusher(make_r
     idle(rig)
     status, data = get(rig, key)
     assert status.is_ok() and data == payload(2)
+
+
+def test_a_long_stream_of_writes_does_not_look_like_a_stuck_pool_thread(make_rig):
+    """A drain that keeps finding work gives its pool task up now and then,
+    so the pool never takes it for a call stuck past every deadline and
+    starts replacement threads for it."""
+    # batch_keys=1: every round of two blocks has a second call, which the drain hands to the pool
+    rig = make_rig(store="wb-stream", get_timeout_ms=200, put_timeout_ms=200, eic_thread_num=2, batch_keys=1)
+    rig.store.faults.latency_s = 0.005
+    pool = rig.conn.link.data_pool
+    started = time.monotonic()
+    most_threads = pool.threads
+    i = 0
+    while time.monotonic() - started < 1.2:  # a drain busy for six times stuck_after_s
+        mrs = rig.filled([payload(i), payload(i + 1)])
+        statuses = rig.run(rig.conn.mput([i.to_bytes(16, "little"), (i + 1).to_bytes(16, "little")], mrs))
+        rig.release(mrs)
+        assert all(status.is_ok() for status in statuses)
+        most_threads = max(most_threads, pool.threads)
+        i += 2
+        time.sleep(0.001)
+    idle(rig)
+    assert most_threads == 2, f"the pool grew to {most_threads} threads for a drain that was never stuck"
