@@ -154,14 +154,12 @@ class Flusher:
                 if down:
                     lost += table.drop_all_queued("pending write dropped: EIC circuit is open", done)
                 started = self._drain.round_started if self._drain is not None else None
-                # TICK_S of grace: a round of several calls times out by itself first
+                # TICK_S of grace: a call retrying up to the round's deadline ends by itself
                 if started is not None and now - started > self._round_timeout_s + TICK_S:
                     self._drain = None  # it stops after its round; a new drain carries on
                     overdue = True
-                if not self.running and (not self._closing or down or (not table.queued and self._drain is None)):
-                    stop = True
-                else:
-                    stop = False
+                stop = not self.running and (not self._closing or down or (not table.queued and self._drain is None))
+                if not stop:
                     retry = now >= self._lost_retry_at
                     wanted = (table.queued and (retry or table.seq != self._took_nothing_at)) or (table.lost and retry)
                     if self._drain is None and wanted and not down:

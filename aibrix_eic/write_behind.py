@@ -141,9 +141,10 @@ class WriteBehind:
         return limit
 
     # ------------------------------------------------------------ reading
-    def read(self, eic_keys: Sequence[str], dests: Sequence[MemoryRegion]) -> list:
+    def _read_held(self, eic_keys: Sequence[str], dests: Sequence[MemoryRegion]) -> list:
         """Per key: True (copied from an accepted write), False (reads as
-        a miss) or None (ask EIC)."""
+        a miss) or None (ask EIC). The caller holds a reference on every
+        dest (mget), so none can be released under the copy."""
         table = self.table
         found: list = [None] * len(eic_keys)
         sources: list[tuple[int, MemoryRegion]] = []
@@ -168,7 +169,7 @@ class WriteBehind:
         regions, lost keys are misses, the rest comes from EIC
         (`from_eic(keys, mrs)`). The result is prefix-closed, and in the
         token-validation layout `restore` checks the whole request's tokens."""
-        refused = hold(mrs, "get")  # a released region is INVALID here too, not a silent miss
+        refused = hold(mrs, "mget")  # a released region is INVALID here too, not a silent miss
         if refused is not None:
             return refused
         try:
@@ -178,7 +179,7 @@ class WriteBehind:
 
     async def _mget_held(self, eic_keys: list[str], keys: Sequence[bytes], mrs: Sequence[MemoryRegion], from_eic,
                          restore) -> list[Status]:  # fmt: skip
-        found = self.read(eic_keys, mrs)
+        found = self._read_held(eic_keys, mrs)
         nkeys = len(keys)
         end = found.index(False) if False in found else nkeys
         statuses: list[Status] = [NOT_FOUND] * nkeys
@@ -202,12 +203,7 @@ class WriteBehind:
     def _copy(source: MemoryRegion, dest: MemoryRegion) -> bool:
         if source.length != dest.length:
             return False  # never a partial fill, like EIC's BUFFER_SIZE_MISMATCH
-        if hold([dest], "get") is not None:
-            return False  # the caller gave up on the request
-        try:
-            ctypes.memmove(dest.data_ptr(), source.data_ptr(), source.length)
-        finally:
-            release([dest])
+        ctypes.memmove(dest.data_ptr(), source.data_ptr(), source.length)
         return True
 
     def exists(self, eic_key: str) -> Status | None:

@@ -185,6 +185,20 @@ def wait_flushed(cache, timeout: float = 10.0) -> None:
     assert cache._l2_cache._backend.write_behind.wait_idle(timeout), f"write-behind did not flush within {timeout} s"
 
 
+def watch_peak_counted_bytes(table) -> list[int]:
+    """Record the most bytes a write-behind PendingTable counted against its
+    bound after any add; returns a one-element list holding that peak."""
+    peak = [0]
+    add = table.add
+
+    def watched_add(*args, **kwargs):
+        add(*args, **kwargs)
+        peak[0] = max(peak[0], table.counted_bytes)
+
+    table.add = watched_add
+    return peak
+
+
 def send(cache, query: TokenListView, seed: int):
     """allocate_for -> copy in -> put, as vLLM's send path does; the put's Status."""
     handle = cache.allocate_for(None, query).get()

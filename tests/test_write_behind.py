@@ -8,6 +8,7 @@ import time
 
 import pytest
 from connector_tools import ConnectorRig
+from harness import watch_peak_counted_bytes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -216,14 +217,7 @@ def test_past_the_byte_bound_a_put_waits_until_stored(make_rig):
     rig = make_rig(write_behind_max_bytes=2 * BLOCK)
     rig.store.faults.latency_s = 0.05
     table = rig.conn.write_behind.table
-    peak = [0]
-    original_add = table.add
-
-    def add(*args, **kwargs):
-        original_add(*args, **kwargs)
-        peak[0] = max(peak[0], table.counted_bytes)
-
-    table.add = add
+    peak = watch_peak_counted_bytes(table)
     started = time.perf_counter()
     for i in range(2):
         put(rig, bytes([i]) * 16, i)

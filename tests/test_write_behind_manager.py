@@ -8,7 +8,17 @@ import asyncio
 import time
 
 import pytest
-from harness import BLOCK_NTOKENS, block_spec, make_manager, pattern, receive, send, tokens, use_config
+from harness import (
+    BLOCK_NTOKENS,
+    block_spec,
+    make_manager,
+    pattern,
+    receive,
+    send,
+    tokens,
+    use_config,
+    watch_peak_counted_bytes,
+)
 from poison import PoisonWatch
 
 from aibrix_eic.engine import get_store
@@ -179,14 +189,7 @@ def test_pending_bytes_stay_within_the_byte_bound(build):
     cache = build(write_behind_max_bytes=3 * block)
     get_store(STORE).faults.latency_s = 0.01
     table = conn(cache).write_behind.table
-    peak = [0]
-    add = table.add
-
-    def watched_add(*args, **kwargs):
-        add(*args, **kwargs)
-        peak[0] = max(peak[0], table.counted_bytes)
-
-    table.add = watched_add
+    peak = watch_peak_counted_bytes(table)
     query = tokens(12, seed=6)
     offload(cache, query, seed=6)
     assert conn(cache).write_behind.wait_idle(10)
