@@ -87,7 +87,13 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         if self._metrics.enabled:  # not NO_METRICS: that one is shared
             self._metrics.pending_bytes = self._write_behind.pending_bytes
         self._direct = DirectRequests(
-            self._config, self._link, self._codec, self._blocks, self._dispatcher, self._counters
+            self._config,
+            self._link,
+            self._codec,
+            self._blocks,
+            self._dispatcher,
+            self._counters,
+            self._write_behind.outlived,
         )
 
     # ------------------------------------------------------------ factory

@@ -15,7 +15,7 @@ from .checks import BlockChecker, check_keys
 from .codec import KeyCodec
 from .config import EICConfig
 from .counters import Counters, unloaded_reasons
-from .dispatch import DELETE, GET, PUT, Chunk, Dispatcher
+from .dispatch import DELETE, GET, PUT, Chunk, Dispatcher, OutlivedCall
 from .link import Link, Session
 from .metrics import FAST_MISS
 from .outcomes import close_after, key_statuses, put_outcome
@@ -24,13 +24,14 @@ from .request_guard import hold, release
 
 class DirectRequests:
     def __init__(self, config: EICConfig, link: Link, codec: KeyCodec, blocks: BlockChecker,
-                 dispatcher: Dispatcher, counters: Counters) -> None:  # fmt: skip
+                 dispatcher: Dispatcher, counters: Counters, outlived: OutlivedCall) -> None:  # fmt: skip
         self._config = config
         self._link = link
         self._codec = codec
         self._blocks = blocks
         self._dispatcher = dispatcher
         self._counters = counters
+        self._outlived = outlived  # a put's call still running at its deadline
 
     def encode_keys(self, keys: Sequence[Any]) -> list[str]:
         check_keys(keys)
@@ -82,7 +83,7 @@ class DirectRequests:
         if isinstance(chunks, Status):
             return chunks
         try:
-            timeout_ms = await self._dispatcher.run(PUT, session.client, chunks)
+            timeout_ms = await self._dispatcher.run(PUT, session.client, chunks, self._outlived)
         finally:
             release(mrs)
         result, stored = put_outcome(*key_statuses(chunks, "put", timeout_ms))

@@ -63,6 +63,7 @@ def failed(outcomes: list[Outcome]) -> list[int]:
 
 
 SdkCall = Callable[[SdkClient, list[str], list], CallResult]
+OutlivedCall = Callable[[list[str], Future], None]
 
 
 @dataclass(frozen=True)
@@ -106,9 +107,13 @@ class Dispatcher:
             for start in range(0, len(eic_keys), step)
         ]
 
-    async def run(self, op: Operation, client: SdkClient, chunks: list[Chunk]) -> float:
+    async def run(
+        self, op: Operation, client: SdkClient, chunks: list[Chunk], outlived: OutlivedCall | None = None
+    ) -> float:
         """Run the chunks concurrently; leaves each chunk's outcomes set, or
-        None where the deadline came first. Returns the timeout in ms."""
+        None where the deadline came first. Returns the timeout in ms.
+        `outlived(keys, future)` hears of each call still running at the
+        deadline (calls still queued are cancelled and never run)."""
         timeout_ms = op.timeout_ms(self._config)
         deadline = Deadline(timeout_ms / 1000)
         pool = self._link.meta_pool if op.metadata else self._link.data_pool
@@ -137,8 +142,9 @@ class Dispatcher:
                 future.cancel()
             raise
         if pending:
-            for future in futures:
-                future.cancel()
+            for chunk, future in zip(chunks, futures):
+                if not future.cancel() and not future.done() and outlived is not None:
+                    outlived(chunk.keys, future)
             self._counters.add(timeouts=1)
             self._link.breaker.record_failure(f"{op.name} exceeded {op.name}_timeout_ms={timeout_ms:g}")
             self._rate_log.log(

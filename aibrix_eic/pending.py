@@ -16,6 +16,11 @@ its EIC value unknown (a flush that failed, a delete that did not finish).
 Reads answer NOT_FOUND for it until a later write stores it or a delete
 clears it: an older value of the key must never be served in place of an
 accepted write that failed.
+
+`outlived` counts, per key, direct writes (put_mode direct) whose caller got
+TIMEOUT while their SDK call still runs. Such a key is lost, and its clearing
+mdel waits until all of them returned, so a late write cannot land over a
+newer one or over the mdel.
 """
 
 import asyncio
@@ -117,6 +122,8 @@ class PendingTable:
         self.queued: dict[str, Entry] = {}  # oldest first
         self.inflight: dict[str, Entry] = {}
         self.lost: dict[str, int] = {}
+        self.outlived: dict[str, int] = {}  # key -> direct writes still in the SDK after their caller's deadline
+        self.deleting: dict[str, int] = {}  # key -> user deletes running: they clear the key, not the flusher
         self.counted_bytes = 0  # accepted without a waiting caller
         self.held_bytes = 0  # every region reference the table holds
         self._seq = 0
@@ -176,7 +183,12 @@ class PendingTable:
         for key, seq in self.lost.items() if with_deletes else ():
             if len(deletes) >= max_keys:
                 break
-            if key not in self.inflight and key not in self.queued:
+            if (
+                key not in self.inflight
+                and key not in self.queued
+                and key not in self.outlived
+                and key not in self.deleting
+            ):
                 deletes.append(Entry(key, DELETE, seq))
         for entry in deletes:
             self.inflight[entry.key] = entry
@@ -210,6 +222,37 @@ class PendingTable:
             self.mark_lost(entry.key, entry.seq)
         done.add(entry, failure)
         self.cond.notify_all()
+
+    def delete_started(self, key: str) -> None:
+        """A user delete of key runs: the key reads as a miss from now on,
+        until that delete's mdel (or a newer write) clears it."""
+        self.deleting[key] = self.deleting.get(key, 0) + 1
+        self.mark_lost(key, self.next_seq())
+
+    def delete_ended(self, key: str) -> None:
+        left = self.deleting.get(key, 1) - 1
+        if left > 0:
+            self.deleting[key] = left
+        else:
+            self.deleting.pop(key, None)
+
+    def outlive(self, keys: Sequence[str]) -> None:
+        """Direct writes whose caller's deadline passed while their SDK call
+        runs: the keys read as misses, and are not cleared before every such
+        call returned (a late write would land over the mdel)."""
+        for key in keys:
+            self.outlived[key] = self.outlived.get(key, 0) + 1
+            self.mark_lost(key, self.next_seq())
+
+    def returned(self, keys: Sequence[str]) -> None:
+        """Outlived direct writes of keys have returned: the flusher may clear them."""
+        for key in keys:
+            left = self.outlived.get(key, 1) - 1
+            if left > 0:
+                self.outlived[key] = left
+            else:
+                self.outlived.pop(key, None)
+        self.wake_flusher.notify()
 
     def mark_lost(self, key: str, seq: int) -> None:
         if self.lost.get(key, -1) < seq:

@@ -18,6 +18,7 @@ import asyncio
 import ctypes
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 
 from aibrix_kvcache.memory import MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes
@@ -56,12 +57,25 @@ class WriteBehind:
 
     # ---------------------------------------------------------- lifecycle
     def start(self) -> None:
-        if self.enabled:
-            self._flusher.start()
+        self._flusher.start()  # put_mode direct too: it clears the keys of writes that outlived their deadline
 
     def close(self, timeout_s: float) -> int:
         """Flush within timeout_s, drop (as misses) what is left; see Flusher.close."""
-        return self._flusher.close(timeout_s) if self.enabled else 0
+        return self._flusher.close(timeout_s)
+
+    def outlived(self, eic_keys: list[str], call: Future) -> None:
+        """A direct write still in the SDK after its caller got TIMEOUT: its
+        keys read as misses until the call returned and an mdel cleared them,
+        so the late value never shows over a newer one (pending.py)."""
+        table = self.table
+        with table.cond:
+            table.outlive(eic_keys)
+
+        def returned(_call: Future) -> None:
+            with table.cond:
+                table.returned(eic_keys)
+
+        call.add_done_callback(returned)
 
     @property
     def active(self) -> bool:
@@ -216,7 +230,19 @@ class WriteBehind:
     # ----------------------------------------------------------- deleting
     async def delete(self, eic_key: str, session: Session) -> Status:
         """Drop a queued write of the key, wait for one in flight, then
-        mdel; the key reads as a miss if that does not finish."""
+        mdel. The key reads as a miss from the moment the delete starts (an
+        older write still in flight, or already in EIC, must not show through
+        the dropped newer one) and stays one if the delete does not finish."""
+        table = self.table
+        with table.cond:
+            table.delete_started(eic_key)
+        try:
+            return await self._delete(eic_key, session)
+        finally:
+            with table.cond:
+                table.delete_ended(eic_key)
+
+    async def _delete(self, eic_key: str, session: Session) -> Status:
         table = self.table
         timeout_ms = self._config.delete_timeout_ms
         deadline = Deadline(timeout_ms / 1000)
@@ -224,7 +250,9 @@ class WriteBehind:
         while True:
             done = Finished()
             with table.cond:
-                dropped = table.drop_queued(eic_key, done) or dropped
+                if table.drop_queued(eic_key, done):  # a newer write accepted meanwhile is hidden again
+                    dropped = True
+                    table.mark_lost(eic_key, table.next_seq())
                 busy = table.inflight.get(eic_key)
                 if busy is None:
                     claim = table.claim_delete(eic_key)
@@ -236,9 +264,7 @@ class WriteBehind:
                 break
             try:
                 await asyncio.wait_for(ack.future, deadline.remaining())
-            except TimeoutError:
-                with table.cond:
-                    table.mark_lost(eic_key, table.next_seq())
+            except TimeoutError:  # the key stays lost: the flusher deletes it once nothing is in flight
                 return Status(StatusCodes.TIMEOUT, f"delete exceeded delete_timeout_ms={timeout_ms:g}")
         status = Status(StatusCodes.ERROR, "delete did not run")
         try:
