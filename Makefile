@@ -19,7 +19,7 @@ E2E_PY := $(E2E_VENV)/bin/python
 E2E_PIP := $(E2E_PY) -m pip install --disable-pip-version-check -qq
 E2E_REQS := tests/e2e/requirements.txt tests/e2e/requirements-nodeps.txt
 
-.PHONY: setup test lint bench check clean e2e-setup e2e e2e-bench aibrix-suites
+.PHONY: setup test lint fmt bench check clean e2e-setup e2e e2e-bench aibrix-suites
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -36,6 +36,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+
+# What `make lint` checks, fixed where ruff can.
+fmt: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 # AIBrix's own L2Cache and cache-manager suites against our connector. They
 # are not in the aibrix-kvcache wheel, so they come from an AIBrix checkout:

@@ -15,6 +15,10 @@ This module must stay cheap to import: the .pth hook runs in every process.
 import os
 import sys
 from importlib.machinery import ModuleSpec
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:  # importlib.abc is not imported at run time: the .pth hook must stay cheap
+    from importlib.abc import Loader
 
 SHIM_MODULE = "aibrix_kvcache.l2.connectors.eic"
 BACKEND_ENV = "AIBRIX_KV_CACHE_OL_L2_CACHE_BACKEND"
@@ -48,7 +52,7 @@ class _ShimFinder:
     def find_spec(self, fullname, path=None, target=None):
         if fullname != SHIM_MODULE:
             return None
-        return ModuleSpec(fullname, _ShimLoader(), origin="aibrix_eic")
+        return ModuleSpec(fullname, cast("Loader", _ShimLoader()), origin="aibrix_eic")
 
     def invalidate_caches(self) -> None:
         pass
