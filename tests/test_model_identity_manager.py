@@ -8,6 +8,7 @@ import types
 
 import pytest
 import torch
+from fake_vllm import fake_vllm_config
 from harness import (
     BLOCK_NTOKENS,
     block_layout,
@@ -19,7 +20,6 @@ from harness import (
     wait_flushed,
     write_config,
 )
-from test_identity import fake_vllm_config
 
 from aibrix_eic.config import ENV_CONFIG
 from aibrix_eic.connector import EICConnector
@@ -116,6 +116,33 @@ def test_bf16_and_fp8_kv_rollouts_in_vllm_read_only_their_own_kv(layout, monkeyp
         for cache in (model_a, model_b):
             if cache is not None:
                 cache.close()
+
+
+def test_replicas_naming_the_weights_by_model_id_share_kv_across_mount_points(monkeypatch, tmp_path):
+    """model_id replaces the weights path: replicas that mount the same
+    weights elsewhere read each other's KV; a KV dtype still splits them."""
+    manager_env(monkeypatch)
+    published = {"config": None}
+    module = types.ModuleType("vllm.config")
+    module.get_current_vllm_config_or_none = lambda: published["config"]
+    monkeypatch.setitem(sys.modules, "vllm.config", module)
+    replicas = []
+    try:
+        for path, cache_dtype in (
+            ("/mnt/a/llama3-8b", "auto"),
+            ("/models/llama3-8b/", "auto"),
+            ("/mnt/a/llama3-8b", "fp8"),
+        ):
+            published["config"] = fake_vllm_config(model=path, cache_dtype=cache_dtype)
+            replicas.append(manager_for(monkeypatch, tmp_path, f"r{len(replicas)}", model_id="llama3-8b@2026-11"))
+        published["config"] = None
+        query = tokens(NBLOCKS, seed=11)
+        offload(replicas[0], query, seed=1)
+        assert reload(replicas[1], query) == (NBLOCKS * BLOCK_NTOKENS, [1] * NBLOCKS)
+        assert reload(replicas[2], query) == (0, [])
+    finally:
+        for cache in replicas:
+            cache.close()
 
 
 def test_without_an_identity_the_second_model_reads_the_first_ones_kv(monkeypatch, tmp_path):
