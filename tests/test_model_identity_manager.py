@@ -197,6 +197,21 @@ def test_open_warns_loudly_only_when_nothing_identifies_the_model(monkeypatch, t
     assert any("model identity" in r.getMessage() for r in caplog.records)
 
 
+def test_open_warns_when_the_keys_are_private_to_the_connector(monkeypatch, caplog):
+    from aibrix_eic.config import EICConfig
+
+    module = types.ModuleType("vllm.config")
+    module.get_current_vllm_config_or_none = lambda: fake_vllm_config(cache_dtype="fp8", calculate_kv_scales=True)
+    monkeypatch.setitem(sys.modules, "vllm.config", module)
+    with caplog.at_level(logging.INFO, logger="aibrix_eic"):
+        conn = EICConnector(EICConfig.from_mapping({"remote_url": SHARED_URL, "warmup_keys": 0, "model_id": "m"}), "c")
+        assert conn.open().is_ok()
+        conn.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len([w for w in warnings if "PRIVATE to this connector" in w]) == 1, warnings
+    assert any("calculate_kv_scales" in w for w in warnings)
+
+
 def test_check_shows_the_identity_in_use_and_its_namespace_step_uses_the_identified_keys(capsys, tmp_path):
     from aibrix_eic.cli import main
     from aibrix_eic.identity import resolve_identity
