@@ -8,56 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from fake_vllm import fake_vllm_config
 from hypothesis import given
 from hypothesis import strategies as st
 
 from aibrix_eic.codec import SAFE_CHARS, escape_field
 from aibrix_eic.identity import TOKEN_LEN, current_vllm_config, resolve_identity, vllm_kv_factors
-
-# What a vLLM 0.32 VllmConfig exposes for a Llama-3-8B-like model.
-DEFAULTS = {
-    "model": "meta-llama/Llama-3.1-8B-Instruct",
-    "model_weights": "",
-    "revision": None,
-    "code_revision": None,
-    "architectures": ["LlamaForCausalLM"],
-    "hf_overrides": {},
-    "dtype": torch.bfloat16,
-    "quantization": None,
-    "quantization_config": None,
-    "head_size": 128,
-    "num_kv_heads": 8,
-    "num_layers": 32,
-    "use_mla": False,
-    "cache_dtype": "auto",
-    "kv_cache_dtype_skip_layers": [],
-    "block_size": 16,
-}
-
-
-def fake_vllm_config(**changes):
-    values = {**DEFAULTS, **changes}
-    model = SimpleNamespace(
-        model=values["model"],
-        model_weights=values["model_weights"],
-        revision=values["revision"],
-        code_revision=values["code_revision"],
-        architectures=values["architectures"],
-        hf_overrides=values["hf_overrides"],
-        dtype=values["dtype"],
-        quantization=values["quantization"],
-        quantization_config=values["quantization_config"],
-        use_mla=values["use_mla"],
-        get_head_size=lambda: values["head_size"],
-        get_total_num_kv_heads=lambda: values["num_kv_heads"],
-        get_total_num_hidden_layers=lambda: values["num_layers"],
-    )
-    cache = SimpleNamespace(
-        cache_dtype=values["cache_dtype"],
-        kv_cache_dtype_skip_layers=values["kv_cache_dtype_skip_layers"],
-        block_size=values["block_size"],
-    )
-    return SimpleNamespace(model_config=model, cache_config=cache, parallel_config=SimpleNamespace())
 
 
 def test_nothing_identifies_the_model_outside_vllm_without_model_id():
@@ -79,36 +35,38 @@ def test_vllm_config_identifies_the_model_and_names_its_factors():
     identity = resolve_identity(None, vllm_config=fake_vllm_config())
     assert identity.known and identity.source == "vLLM"
     factors = dict(identity.vllm_factors)
-    assert factors["model"] == "meta-llama/Llama-3.1-8B-Instruct"
-    assert factors["dtype"] == "torch.bfloat16"
-    assert factors["kv_cache_dtype"] == "auto"
+    assert factors["model"] == '"meta-llama/Llama-3.1-8B-Instruct"'
+    assert factors["dtype"] == '"torch.bfloat16"'
+    assert factors["kv_cache_dtype"] == '"auto"'
     assert factors["head_size"] == "128" and factors["num_kv_heads"] == "8" and factors["num_layers"] == "32"
-    assert factors["block_size"] == "16"
-    assert "kv_cache_dtype=auto" in identity.describe()
+    assert factors["block_size"] == "16" and factors["calculate_kv_scales"] == "false"
+    assert 'kv_cache_dtype="auto"' in identity.describe()
 
 
-@pytest.mark.parametrize(
-    "change",
-    [
-        {"model": "meta-llama/Llama-3.1-8B"},  # a fine-tune / another checkpoint
-        {"model_weights": "s3://bucket/llama-ft"},
-        {"revision": "a1b2c3"},
-        {"code_revision": "v2"},
-        {"architectures": ["MistralForCausalLM"]},
-        {"hf_overrides": {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}},
-        {"dtype": torch.float16},
-        {"quantization": "fp8"},
-        {"quantization_config": {"weight_bits": 4}},
-        {"head_size": 64},
-        {"num_kv_heads": 4},
-        {"num_layers": 40},
-        {"use_mla": True},
-        {"cache_dtype": "fp8_e4m3"},  # a bf16 and an fp8 KV rollout of one model
-        {"kv_cache_dtype_skip_layers": ["0"]},
-        {"block_size": 32},
-    ],
-    ids=lambda change: next(iter(change)),
-)
+WEIGHTS_CHANGES = [
+    {"model": "meta-llama/Llama-3.1-8B"},  # a fine-tune / another checkpoint
+    {"model_weights": "s3://bucket/llama-ft"},
+]
+OTHER_CHANGES = [
+    {"revision": "a1b2c3"},
+    {"code_revision": "v2"},
+    {"architectures": ["MistralForCausalLM"]},
+    {"hf_overrides": {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}},
+    {"dtype": torch.float16},
+    {"quantization": "fp8"},
+    {"quantization_config": {"weight_bits": 4}},
+    {"head_size": 64},
+    {"num_kv_heads": 4},
+    {"num_layers": 40},
+    {"use_mla": True},
+    {"cache_dtype": "fp8_e4m3"},  # a bf16 and an fp8 KV rollout of one model
+    {"kv_cache_dtype_skip_layers": ["0"]},
+    {"calculate_kv_scales": True},  # fp8 scales from this process's first batch ("auto" may be fp8)
+    {"block_size": 32},
+]
+
+
+@pytest.mark.parametrize("change", WEIGHTS_CHANGES + OTHER_CHANGES, ids=lambda change: next(iter(change)))
 def test_every_factor_that_changes_the_kv_bytes_changes_the_identity(change):
     base = resolve_identity(None, vllm_config=fake_vllm_config())
     changed = resolve_identity(None, vllm_config=fake_vllm_config(**change))
@@ -137,6 +95,37 @@ def test_model_id_and_vllm_are_combined_not_substituted():
     id_only = resolve_identity("prod-llama", vllm_config=None)
     assert both.source == "model_id + vLLM"
     assert len({vllm_only.token, both.token, fp8_both.token, id_only.token}) == 4
+
+
+def test_model_id_names_the_weights_so_replicas_mounting_them_elsewhere_share():
+    """With model_id set, the weights path is the operator's business: the
+    same model_id at another mount point (or in RunAI's local copy) is the
+    same model."""
+    base = resolve_identity("llama3-8b@2026-11", vllm_config=fake_vllm_config(model="/mnt/a/llama3-8b"))
+    for elsewhere in (
+        fake_vllm_config(model="/models/llama3-8b/"),
+        fake_vllm_config(model="/tmp/runai-copy", model_weights="s3://bucket/llama3-8b"),
+    ):
+        assert resolve_identity("llama3-8b@2026-11", vllm_config=elsewhere).token == base.token
+    assert "model" not in dict(base.vllm_factors)  # describe() shows what is in the digest
+    other_id = resolve_identity("llama3-8b@2026-12", vllm_config=fake_vllm_config(model="/mnt/a/llama3-8b"))
+    assert other_id.token != base.token
+
+
+@pytest.mark.parametrize("change", OTHER_CHANGES, ids=lambda change: next(iter(change)))
+def test_model_id_never_merges_what_else_vllm_reports(change):
+    base = resolve_identity("prod-llama", vllm_config=fake_vllm_config())
+    assert resolve_identity("prod-llama", vllm_config=fake_vllm_config(**change)).token != base.token
+
+
+def test_a_trailing_slash_on_the_weights_path_does_not_split():
+    assert token_of(model="/models/llama3-8b/") == token_of(model="/models/llama3-8b")
+    assert token_of(model_weights="s3://bucket/llama/") == token_of(model_weights="s3://bucket/llama")
+    assert token_of(model="/models/llama3-8b") != token_of(model="/models/llama3-8b-ft")
+
+
+def token_of(**changes) -> str:
+    return resolve_identity(None, vllm_config=fake_vllm_config(**changes)).token
 
 
 def test_a_value_vllm_cannot_give_splits_but_never_fails():

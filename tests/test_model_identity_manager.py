@@ -8,6 +8,7 @@ import types
 
 import pytest
 import torch
+from fake_vllm import fake_vllm_config
 from harness import (
     BLOCK_NTOKENS,
     block_layout,
@@ -19,7 +20,6 @@ from harness import (
     wait_flushed,
     write_config,
 )
-from test_identity import fake_vllm_config
 
 from aibrix_eic.config import ENV_CONFIG
 from aibrix_eic.connector import EICConnector
@@ -118,6 +118,33 @@ def test_bf16_and_fp8_kv_rollouts_in_vllm_read_only_their_own_kv(layout, monkeyp
                 cache.close()
 
 
+def test_replicas_naming_the_weights_by_model_id_share_kv_across_mount_points(monkeypatch, tmp_path):
+    """model_id replaces the weights path: replicas that mount the same
+    weights elsewhere read each other's KV; a KV dtype still splits them."""
+    manager_env(monkeypatch)
+    published = {"config": None}
+    module = types.ModuleType("vllm.config")
+    module.get_current_vllm_config_or_none = lambda: published["config"]
+    monkeypatch.setitem(sys.modules, "vllm.config", module)
+    replicas = []
+    try:
+        for path, cache_dtype in (
+            ("/mnt/a/llama3-8b", "auto"),
+            ("/models/llama3-8b/", "auto"),
+            ("/mnt/a/llama3-8b", "fp8"),
+        ):
+            published["config"] = fake_vllm_config(model=path, cache_dtype=cache_dtype)
+            replicas.append(manager_for(monkeypatch, tmp_path, f"r{len(replicas)}", model_id="llama3-8b@2026-11"))
+        published["config"] = None
+        query = tokens(NBLOCKS, seed=11)
+        offload(replicas[0], query, seed=1)
+        assert reload(replicas[1], query) == (NBLOCKS * BLOCK_NTOKENS, [1] * NBLOCKS)
+        assert reload(replicas[2], query) == (0, [])
+    finally:
+        for cache in replicas:
+            cache.close()
+
+
 def test_without_an_identity_the_second_model_reads_the_first_ones_kv(monkeypatch, tmp_path):
     """The failure the identity prevents (and the proof that the tests above
     could fail): same shapes, nothing naming the model, shared keys."""
@@ -168,6 +195,21 @@ def test_open_warns_loudly_only_when_nothing_identifies_the_model(monkeypatch, t
         named.close()
     assert not [r for r in caplog.records if "NO MODEL IDENTITY" in r.getMessage()]
     assert any("model identity" in r.getMessage() for r in caplog.records)
+
+
+def test_open_warns_when_the_keys_are_private_to_the_connector(monkeypatch, caplog):
+    from aibrix_eic.config import EICConfig
+
+    module = types.ModuleType("vllm.config")
+    module.get_current_vllm_config_or_none = lambda: fake_vllm_config(cache_dtype="fp8", calculate_kv_scales=True)
+    monkeypatch.setitem(sys.modules, "vllm.config", module)
+    with caplog.at_level(logging.INFO, logger="aibrix_eic"):
+        conn = EICConnector(EICConfig.from_mapping({"remote_url": SHARED_URL, "warmup_keys": 0, "model_id": "m"}), "c")
+        assert conn.open().is_ok()
+        conn.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len([w for w in warnings if "PRIVATE to this connector" in w]) == 1, warnings
+    assert any("calculate_kv_scales" in w for w in warnings)
 
 
 def test_check_shows_the_identity_in_use_and_its_namespace_step_uses_the_identified_keys(capsys, tmp_path):
