@@ -88,14 +88,14 @@ def restore_packed_tokens(mr: ManagedMemoryRegion) -> np.ndarray | None:
     header_end = start + _INT32 + _FOOTER_NBYTES
     if header_end > mr.addr + mr.length:
         return None
-    header = mr.slab[start:header_end].view(torch.int32).numpy()
+    header = mr.slab[start:header_end].view(torch.int32).cpu().numpy()  # .cpu(): the slab may be on a GPU
     magic, prefix_len, query_len = int(header[0]), int(header[1]), int(header[2])
     if magic != _MAGIC or prefix_len < 0 or query_len <= 0:
         return None
     if ManagedMemoryRegion.calculate_size(block_nbytes, prefix_len + query_len) != mr.length:
         return None
     tokens_end = header_end + _INT32 * (prefix_len + query_len)
-    all_tokens = mr.slab[header_end:tokens_end].view(torch.int32).numpy().copy()
+    all_tokens = mr.slab[header_end:tokens_end].view(torch.int32).cpu().numpy().copy()
     # Views of one array: L2Cache concatenates them with `+`, which
     # TokenListView allows only for adjacent views of the same data.
     mr._prefix = TokenListView(all_tokens, 0, prefix_len) if prefix_len else None
