@@ -169,13 +169,14 @@ class Client:
     def _is_registered(self, addr: int, length: int) -> bool:
         return intervals.covers(self._registered, addr, length)
 
-    def _on_device(self, buffers: list[tuple[int, int]]) -> list[bool] | None:
-        """Which buffers lie in registered device memory (whatever their
-        `registered` flag says); None when no device memory is registered."""
+    def _on_device(self, buffers: list[tuple[int, int]]) -> dict[str, list[bool]]:
+        """Store.put_many/get_many's `on_device`: which buffers lie in
+        registered device memory, whatever their `registered` flag says.
+        Empty (the Store's host-only call) when none is registered."""
         index = self._device
         if not index[0]:
-            return None
-        return [intervals.covers(index, addr, length) for addr, length in buffers]
+            return {}
+        return {"on_device": [intervals.covers(index, addr, length) for addr, length in buffers]}
 
     # ------------------------------------------------------------ data path
     def _begin_call(self, keys: Sequence[str], ns: str) -> Store | tuple[StatusCode, Outcome]:
@@ -243,7 +244,7 @@ class Client:
         codes, todo_index, todo_keys, todo_buffers = self._screen(store, keys, vals, store.max_value_bytes)
         if todo_index:
             stored = store.put_many(
-                option.ns, todo_keys, todo_buffers, option.ttl_second, self._on_device(todo_buffers)
+                option.ns, todo_keys, todo_buffers, option.ttl_second, **self._on_device(todo_buffers)
             )
             codes = self._merge(codes, todo_index, stored)
         return overall_status(codes), Outcome(codes)
@@ -264,7 +265,7 @@ class Client:
             return self._mget_as_bytes(store, keys, option.ns)
         codes, todo_index, todo_keys, todo_buffers = self._screen(store, keys, vals, None)
         if todo_index:
-            fetched = store.get_many(option.ns, todo_keys, todo_buffers, self._on_device(todo_buffers))
+            fetched = store.get_many(option.ns, todo_keys, todo_buffers, **self._on_device(todo_buffers))
             codes = self._merge(codes, todo_index, fetched)
         return overall_status(codes), vals, Outcome(codes)
 
