@@ -9,8 +9,11 @@ that are freed (double free) or already handed to the next request (its KV
 overwritten). `order_timeouts` makes the cache manager's futures give up in
 the safe order: mark the request abandoned (request_guard), cancel it, wait
 for a coroutine that had started to end, and only then let AIBrix's
-`finally` release. Opt out with AIBRIX_EIC_DISABLE_TIMEOUT_ORDERING=1.
-Details and the upstream report: docs/operations.md.
+`finally` release. Only requests to an L2Cache whose backend is one of our
+connectors are ordered; every other manager in the process gets asyncio's
+own future, so it times out exactly as stock AIBrix. Opt out with
+AIBRIX_EIC_DISABLE_TIMEOUT_ORDERING=1. Details and the upstream report:
+docs/operations.md.
 
 Token-validation layout (AIBRIX_KV_CACHE_OL_TOKEN_VALIDATION_ENABLED=1): a
 block's value is [block bytes | magic | footer(prefix_len, query_len) |
@@ -27,6 +30,7 @@ import logging
 import os
 import sys
 import types
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import CancelledError, Future
 
@@ -84,14 +88,14 @@ def restore_packed_tokens(mr: ManagedMemoryRegion) -> np.ndarray | None:
     header_end = start + _INT32 + _FOOTER_NBYTES
     if header_end > mr.addr + mr.length:
         return None
-    header = mr.slab[start:header_end].view(torch.int32).numpy()
+    header = mr.slab[start:header_end].view(torch.int32).cpu().numpy()  # .cpu(): the slab may be on a GPU
     magic, prefix_len, query_len = int(header[0]), int(header[1]), int(header[2])
     if magic != _MAGIC or prefix_len < 0 or query_len <= 0:
         return None
     if ManagedMemoryRegion.calculate_size(block_nbytes, prefix_len + query_len) != mr.length:
         return None
     tokens_end = header_end + _INT32 * (prefix_len + query_len)
-    all_tokens = mr.slab[header_end:tokens_end].view(torch.int32).numpy().copy()
+    all_tokens = mr.slab[header_end:tokens_end].view(torch.int32).cpu().numpy().copy()
     # Views of one array: L2Cache concatenates them with `+`, which
     # TokenListView allows only for adjacent views of the same data.
     mr._prefix = TokenListView(all_tokens, 0, prefix_len) if prefix_len else None
@@ -173,9 +177,42 @@ async def _guarded(coro, guard: RequestGuard):
         guard.finished.set()
 
 
+# The connectors whose managers get ordered timeouts (order_timeouts adds them).
+_ORDERED_BACKENDS: "weakref.WeakSet[object]" = weakref.WeakSet()
+
+
+def _l2_cache_of(coro) -> object | None:
+    """The L2Cache a cache manager's request goes to. AIBrix passes
+    `self._l2_cache.<op>(...)`: the L2Cache is the coroutine's `self`, or
+    `args[0]` under AIBrix's nvtx_range wrapper, or another local of a
+    wrapper. None when no local has a backend."""
+    frame = getattr(coro, "cr_frame", None)
+    if frame is None:
+        return None
+    local = frame.f_locals
+    args = local.get("args")
+    candidates = [local.get("self"), *(args if isinstance(args, tuple) else ()), *local.values()]
+    return next((obj for obj in candidates if obj is not None and hasattr(obj, "_backend")), None)
+
+
+def _wants_ordering(coro) -> bool:
+    """Whether a cache manager's request goes to one of our connectors.
+    A request whose L2Cache cannot be found is ordered: safe for ours, and
+    only a later AIBrix could make that happen."""
+    l2_cache = _l2_cache_of(coro)
+    if l2_cache is None:
+        return True
+    backend = getattr(l2_cache, "_backend", None)
+    if backend in _ORDERED_BACKENDS:
+        return True
+    members = getattr(backend, "members", None) or ()  # AIBrix's Placement (cluster mode)
+    return any(getattr(member, "conn", None) in _ORDERED_BACKENDS for member in members)
+
+
 class _AsyncioWithOrderedTimeouts(types.ModuleType):
     """What the cache manager module sees as `asyncio`: the real module but
-    for run_coroutine_threadsafe."""
+    for run_coroutine_threadsafe, which orders the timeouts of requests to
+    our connectors and passes every other request to asyncio unchanged."""
 
     def __init__(self) -> None:
         super().__init__("asyncio")
@@ -185,19 +222,22 @@ class _AsyncioWithOrderedTimeouts(types.ModuleType):
 
     @staticmethod
     def run_coroutine_threadsafe(coro, loop):
+        if not _wants_ordering(coro):
+            return asyncio.run_coroutine_threadsafe(coro, loop)
         guard = RequestGuard()
         return _OrderedTimeoutFuture(asyncio.run_coroutine_threadsafe(_guarded(coro, guard), loop), guard)
 
 
-def order_timeouts(environ=os.environ) -> bool:
-    """Apply the timeout-ordering fix to AIBrix's cache manager module if it
-    is loaded and the operator did not opt out; True when it is in place."""
+def order_timeouts(connector: object, environ=os.environ) -> bool:
+    """Order the timeouts of the cache managers whose L2 backend is
+    `connector`, if AIBrix's cache manager module is loaded and the operator
+    did not opt out; True when it is in place."""
     module = sys.modules.get(CACHE_MANAGER_MODULE)
     if module is None:
         return False
-    if isinstance(getattr(module, "asyncio", None), _AsyncioWithOrderedTimeouts):
-        return True
-    if environ.get(DISABLE_TIMEOUT_ORDERING_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
-        return False
-    setattr(module, "asyncio", _AsyncioWithOrderedTimeouts())  # noqa: B010  (the module's own global)
+    if not isinstance(getattr(module, "asyncio", None), _AsyncioWithOrderedTimeouts):
+        if environ.get(DISABLE_TIMEOUT_ORDERING_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+            return False
+        setattr(module, "asyncio", _AsyncioWithOrderedTimeouts())  # noqa: B010  (the module's own global)
+    _ORDERED_BACKENDS.add(connector)
     return True

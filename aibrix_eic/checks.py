@@ -9,6 +9,7 @@ from typing import Any
 
 from aibrix_kvcache.memory import MemoryRegion
 
+from . import device_memory
 from .regions import RegisteredRegions
 
 _MR_TYPES: set[type] = set()  # MemoryRegion subclasses seen; ABC isinstance is slow
@@ -80,6 +81,12 @@ class BlockChecker:
                     )
             addr = mr.data_ptr()
             registered = regions.contains(addr, nbytes)
+            if not registered and device_memory.device_of(mr.slab) is not None:
+                # EIC (GDR) and the engine learn that memory is on a device only from its registration.
+                raise InvalidRequest(
+                    f"mrs[{i}] at {addr:#x} ({nbytes} bytes) is {device_memory.device_of(mr.slab)} memory "
+                    "outside the slabs given to register_slabs; device memory must be registered"
+                )
             if require and not registered:
                 raise InvalidRequest(
                     f"mrs[{i}] at {addr:#x} ({nbytes} bytes) is not inside memory given to register_slabs "
@@ -91,17 +98,28 @@ class BlockChecker:
 
 def slab_regions(slabs: Sequence[Any]) -> tuple[list[tuple[int, int]], int | None]:
     """(addr, nbytes) of each slab given to register_slabs, and the CUDA
-    device they live on (None for host memory)."""
+    device they live on (None for host memory). EIC registers host or CUDA
+    memory, one kind per call."""
     import torch
 
     if not slabs:
         raise InvalidRequest("no slabs given")
     regions = []
+    first_device = None
     for i, slab in enumerate(slabs):
         if not isinstance(slab, torch.Tensor):
             raise InvalidRequest(f"slabs[{i}] is a {type(slab).__name__}, expected a torch.Tensor")
         nbytes = slab.numel() * slab.element_size()
         if nbytes <= 0:
             raise InvalidRequest(f"slabs[{i}] is empty")
+        device = device_memory.device_of(slab)
+        if device is not None and device.type != "cuda":
+            raise InvalidRequest(f"slabs[{i}] is on {device}: EIC registers host or CUDA memory only")
+        if i == 0:
+            first_device = device
+        elif device != first_device:
+            raise InvalidRequest(
+                f"slabs[{i}] is on {device or 'the host'} but slabs[0] on {first_device or 'the host'}"
+            )
         regions.append((slab.data_ptr(), nbytes))
-    return regions, (slabs[0].device.index if slabs[0].is_cuda else None)
+    return regions, (None if first_device is None else first_device.index or 0)

@@ -102,13 +102,15 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         """Build from the YAML named by AIBRIX_KV_CACHE_OL_EIC_CONFIG (or the
         upstream AIBRIX_KV_CACHE_OL_EIC_CONFIG_FILE). A bad config does not
         raise here: open() returns INVALID with the message."""
-        order_timeouts()  # AIBrix's cache manager is loaded: it is building us
         warn_about_env()
+        config, error = None, None
         try:
             config = EICConfig.from_env()
         except ConfigError as e:
-            return cls(None, conn_id, executor, config_error=e)
-        return cls(config, conn_id, executor)
+            error = e
+        connector = cls(config, conn_id, executor, config_error=error)
+        order_timeouts(connector)  # AIBrix's cache manager is loaded: it is building us
+        return connector
 
     # ---------------------------------------------------------- properties
     @property

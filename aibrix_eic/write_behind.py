@@ -15,7 +15,6 @@ flush failed reads as a miss until EIC is known not to hold an older value
 """
 
 import asyncio
-import ctypes
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -25,6 +24,7 @@ from aibrix_kvcache.status import Status, StatusCodes
 
 from .config import EICConfig
 from .counters import Counters
+from .device_memory import copy_region
 from .dispatch import DELETE as DELETE_OP
 from .dispatch import Dispatcher
 from .flusher import Flusher, settle
@@ -217,7 +217,7 @@ class WriteBehind:
     def _copy(source: MemoryRegion, dest: MemoryRegion) -> bool:
         if source.length != dest.length:
             return False  # never a partial fill, like EIC's BUFFER_SIZE_MISMATCH
-        ctypes.memmove(dest.data_ptr(), source.data_ptr(), source.length)
+        copy_region(source, dest)  # either may be device memory
         return True
 
     def exists(self, eic_key: str) -> Status | None:

@@ -4,6 +4,7 @@ memory regions with recognisable contents."""
 import asyncio
 import contextlib
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -183,6 +184,29 @@ def wait_flushed(cache, timeout: float = 10.0) -> None:
     """Wait until the manager's L2 connector has sent every accepted put to
     EIC, so that what follows reads EIC, not the connector's pending table."""
     assert cache._l2_cache._backend.write_behind.wait_idle(timeout), f"write-behind did not flush within {timeout} s"
+
+
+def stall_next_get(monkeypatch, cache, let_go: threading.Event, max_stall_s: float):
+    """The next L2Cache.get of a cache manager holds the manager's event-loop
+    thread in its first step (as a stalled loop does) until `let_go` is set
+    or max_stall_s passed, then runs for real. Returns (the (address,
+    length) of the regions it was given, an Event set when it ended)."""
+    l2 = cache._l2_cache
+    original = l2.get
+    given: list = []
+    ended = threading.Event()
+
+    async def stalled_get(prefix, query, mrs):
+        given.extend((mr.slab.data_ptr() + mr.addr, mr.length) for mr in mrs)
+        monkeypatch.setattr(l2, "get", original)
+        try:
+            let_go.wait(max_stall_s)  # the loop thread is stuck here
+            return await original(prefix, query, mrs)
+        finally:
+            ended.set()
+
+    monkeypatch.setattr(l2, "get", stalled_get)
+    return given, ended
 
 
 def watch_peak_counted_bytes(table) -> list[int]:

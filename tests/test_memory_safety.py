@@ -20,6 +20,7 @@ from harness import (
     tokens,
     use_config,
 )
+from harness import stall_next_get as harness_stall_next_get
 from poison import PoisonWatch
 
 from aibrix_eic import aibrix_compat
@@ -49,22 +50,7 @@ def offload(cache, query, seed: int) -> None:
 def stall_next_get(monkeypatch, cache):
     """The next L2Cache.get holds the loop thread for STALL_S in its first
     step, then runs for real. Returns (regions it was given, its end)."""
-    l2 = cache._l2_cache
-    original = l2.get
-    given: list = []
-    ended = threading.Event()
-
-    async def stalled_get(prefix, query, mrs):
-        given.extend((mr.slab.data_ptr() + mr.addr, mr.length) for mr in mrs)
-        monkeypatch.setattr(l2, "get", original)
-        try:
-            time.sleep(STALL_S)  # the loop thread is stuck here, as in a stall
-            return await original(prefix, query, mrs)
-        finally:
-            ended.set()
-
-    monkeypatch.setattr(l2, "get", stalled_get)
-    return given, ended
+    return harness_stall_next_get(monkeypatch, cache, threading.Event(), STALL_S)
 
 
 def mgets(cache) -> int:
@@ -107,10 +93,11 @@ def test_a_get_running_after_aibrix_timed_out_never_frees_a_region_twice(manager
 def test_order_timeouts_is_opt_out_and_idempotent(manager, monkeypatch):
     from aibrix_kvcache import cache_manager
 
-    assert aibrix_compat.order_timeouts() and aibrix_compat.order_timeouts()
+    connector = manager._l2_cache._backend
+    assert aibrix_compat.order_timeouts(connector) and aibrix_compat.order_timeouts(connector)
     assert isinstance(cache_manager.asyncio, aibrix_compat._AsyncioWithOrderedTimeouts)
     monkeypatch.setattr(cache_manager, "asyncio", aibrix_compat.asyncio)
-    assert not aibrix_compat.order_timeouts({aibrix_compat.DISABLE_TIMEOUT_ORDERING_ENV: "1"})
+    assert not aibrix_compat.order_timeouts(connector, {aibrix_compat.DISABLE_TIMEOUT_ORDERING_ENV: "1"})
     assert cache_manager.asyncio is aibrix_compat.asyncio
 
 

@@ -2,7 +2,8 @@
 
 Thread model: one lock guards the index and the byte accounting; the data
 itself moves outside the lock with ctypes.memmove, which releases the GIL, so
-several threads copy at once. A value being read is pinned; eviction or
+several threads copy at once; caller buffers in device memory (on_device)
+are copied with torch instead (device.py). A value being read is pinned; eviction or
 overwrite of a pinned value only unlinks it, and its buffer is recycled when
 the last reader unpins it. A value being written is published only after its
 copy finished, so readers never see a half-written value.
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import device
 from .enums import StatusCode
 from .faults import Faults
 
@@ -148,8 +150,10 @@ class Store:
         keys: Sequence[str],
         sources: Sequence[tuple[int, int]],
         ttl_second: int,
+        on_device: Sequence[bool] | None = None,
     ) -> list[StatusCode]:
-        """Store each (addr, nbytes) source under its key; one code per key."""
+        """Store each (addr, nbytes) source under its key; one code per key.
+        `on_device[i]`: source i is device memory."""
         codes: list[StatusCode] = [StatusCode.SUCCESS] * len(keys)
         reserved: list[tuple[int, _Value]] = []
         with self._lock:
@@ -161,7 +165,10 @@ class Store:
                 else:
                     reserved.append((i, value))
         for i, value in reserved:
-            _memmove(value.addr, sources[i][0], value.nbytes)
+            if on_device is not None and on_device[i]:
+                device.copy_from_device(value.buf, sources[i][0])
+            else:
+                _memmove(value.addr, sources[i][0], value.nbytes)
         expires_at = None
         if ttl_second > 0:
             expires_at = self.clock() + ttl_second
@@ -189,8 +196,10 @@ class Store:
         ns: str,
         keys: Sequence[str],
         destinations: Sequence[tuple[int, int]],
+        on_device: Sequence[bool] | None = None,
     ) -> list[StatusCode]:
-        """Copy each stored value into its (addr, nbytes) destination.
+        """Copy each stored value into its (addr, nbytes) destination
+        (`on_device[i]`: destination i is device memory).
 
         A destination whose size differs from the stored value is left
         untouched and gets BUFFER_SIZE_MISMATCH: never a partial fill.
@@ -214,7 +223,10 @@ class Store:
             self.stats.misses += len(keys) - len(pinned)
         try:
             for i, value in pinned:
-                _memmove(destinations[i][0], value.addr, value.nbytes)
+                if on_device is not None and on_device[i]:
+                    device.copy_to_device(destinations[i][0], value.buf)
+                else:
+                    _memmove(destinations[i][0], value.addr, value.nbytes)
                 codes[i] = StatusCode.SUCCESS
         finally:
             with self._lock:

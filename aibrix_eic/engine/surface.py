@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 
 from .. import intervals
+from . import device
 from .enums import LogLevel, MemoryType, StatusCode, TransportType, overall_status
 from .registry import open_store
 from .store import Store
@@ -123,6 +124,7 @@ class Client:
         self._store: Store | None = None
         self._instance_id: str | None = None
         self._registered: intervals.Index = intervals.EMPTY
+        self._device: intervals.Index = intervals.EMPTY  # the registered regions that are device memory
         self._registration_lock = threading.Lock()
 
     # ------------------------------------------------------------ lifecycle
@@ -155,12 +157,26 @@ class Client:
             if addr <= 0 or length <= 0:
                 return False
             regions.append((addr, addr + length))
+        on_device = []
+        if info is not None and info.type == MemoryType.MEMORY_CUDA:
+            on_device = [(start, end) for start, end in regions if device.is_device_memory(start, end - start)]
         with self._registration_lock:
             self._registered = intervals.merge(intervals.ranges(self._registered) + regions)
+            if on_device:
+                self._device = intervals.merge(intervals.ranges(self._device) + on_device)
         return True
 
     def _is_registered(self, addr: int, length: int) -> bool:
         return intervals.covers(self._registered, addr, length)
+
+    def _on_device(self, buffers: list[tuple[int, int]]) -> dict[str, list[bool]]:
+        """Store.put_many/get_many's `on_device`: which buffers lie in
+        registered device memory, whatever their `registered` flag says.
+        Empty (the Store's host-only call) when none is registered."""
+        index = self._device
+        if not index[0]:
+            return {}
+        return {"on_device": [intervals.covers(index, addr, length) for addr, length in buffers]}
 
     # ------------------------------------------------------------ data path
     def _begin_call(self, keys: Sequence[str], ns: str) -> Store | tuple[StatusCode, Outcome]:
@@ -227,7 +243,9 @@ class Client:
             return store
         codes, todo_index, todo_keys, todo_buffers = self._screen(store, keys, vals, store.max_value_bytes)
         if todo_index:
-            stored = store.put_many(option.ns, todo_keys, todo_buffers, option.ttl_second)
+            stored = store.put_many(
+                option.ns, todo_keys, todo_buffers, option.ttl_second, **self._on_device(todo_buffers)
+            )
             codes = self._merge(codes, todo_index, stored)
         return overall_status(codes), Outcome(codes)
 
@@ -247,7 +265,7 @@ class Client:
             return self._mget_as_bytes(store, keys, option.ns)
         codes, todo_index, todo_keys, todo_buffers = self._screen(store, keys, vals, None)
         if todo_index:
-            fetched = store.get_many(option.ns, todo_keys, todo_buffers)
+            fetched = store.get_many(option.ns, todo_keys, todo_buffers, **self._on_device(todo_buffers))
             codes = self._merge(codes, todo_index, fetched)
         return overall_status(codes), vals, Outcome(codes)
 
