@@ -63,6 +63,11 @@ class WriteBehind:
         """Flush within timeout_s, drop (as misses) what is left; see Flusher.close."""
         return self._flusher.close(timeout_s) if self.enabled else 0
 
+    def abandon(self) -> None:
+        """close() for a finalizer: never blocks; see Flusher.abandon."""
+        if self.enabled:
+            self._flusher.abandon()
+
     @property
     def active(self) -> bool:
         """Whether reads must consult the table (cheap; no lock)."""
