@@ -44,6 +44,7 @@ from .metrics import DELETE_SKIPPED, FAST_MISS, PUT_SKIPPED, for_connector
 from .outcomes import OK
 from .resilience import CircuitBreaker
 from .sdk import load_sdk_module
+from .teardown import close_may_wait
 from .write_behind import WriteBehind
 
 logger = logging.getLogger(__name__)
@@ -197,9 +198,24 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         except Exception as e:
             return Status(StatusCodes.ERROR, f"EIC open failed: {e!r}")
 
-    def close(self) -> Status:
-        """Drop the client and the registrations. Idempotent."""
+    def close(self, wait: bool | None = None) -> Status:
+        """Drop the client and the registrations. Idempotent.
+
+        wait=True: flush pending writes for up to write_behind_close_timeout_ms,
+        drop (as misses) what is left, stop the threads. wait=False: only
+        signal the threads; they drop what is queued, release what they hold
+        and exit on their own (within a fraction of a second, or when a call
+        in flight returns). The default waits unless this is a finalizer or
+        one of our threads (teardown.py says why that must never wait).
+        """
         try:
+            if wait is None:
+                wait = close_may_wait()
+            if not wait:
+                self._write_behind.abandon()
+                self._link.abandon()  # closes the pools and the metrics on the prober's thread
+                self._blocks.forget()
+                return OK
             self._write_behind.close(self._config.write_behind_close_timeout_ms / 1000)  # needs the link's pools
             self._link.close()
             self._blocks.forget()
@@ -210,7 +226,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
 
     def __del__(self) -> None:
         try:
-            self.close()
+            self.close(wait=False)
         except Exception:
             pass
 

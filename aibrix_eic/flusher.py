@@ -40,6 +40,7 @@ from .pending import Entry, Finished, PendingTable
 from .pool import PUT_PRIORITY
 from .resilience import Deadline
 from .sdk import HIT, MISS
+from .teardown import OwnThread
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ class Flusher:
             self._drain = None
             self._generation += 1
             generation = self._generation
-        self._thread = threading.Thread(target=self._watch, args=(generation,), name="aibrix_eic_flusher", daemon=True)
+        self._thread = OwnThread(self._watch, "aibrix_eic_flusher", (generation,))
         self._thread.start()
 
     def close(self, timeout_s: float) -> int:
@@ -138,6 +139,15 @@ class Flusher:
             logger.warning("EIC close dropped %d pending writes it could not flush in time", dropped)
         return dropped
 
+    def abandon(self) -> None:
+        """close() for a finalizer: two attribute writes, no lock (the table
+        lock is a plain Lock that the thread running the finalizer may hold)
+        and no wait. The watcher sees them within TICK_S, drops what is
+        queued (misses) with its references and exits; a drain stops after
+        its round, and calls in flight release their regions as they return."""
+        self.running = False
+        self._closing = False
+
     # ------------------------------------------------------------ watcher
     def _watch(self, generation: int) -> None:
         table = self._table
@@ -145,6 +155,7 @@ class Flusher:
             done = Finished()
             start_drain: _Drain | None = None
             overdue = False
+            abandoned = 0
             with table.cond:
                 if generation != self._generation:
                     return
@@ -159,7 +170,11 @@ class Flusher:
                     self._drain = None  # it stops after its round; a new drain carries on
                     overdue = True
                 stop = not self.running and (not self._closing or down or (not table.queued and self._drain is None))
-                if not stop:
+                if stop:  # nothing is left queued, or running, once the watcher is gone (see abandon)
+                    abandoned = table.drop_all_queued("pending write dropped: the connector closed", done)
+                    lost += abandoned
+                    self._drain = None
+                else:
                     retry = now >= self._lost_retry_at
                     wanted = (table.queued and (retry or table.seq != self._took_nothing_at)) or (table.lost and retry)
                     if self._drain is None and wanted and not down:
@@ -174,6 +189,8 @@ class Flusher:
                 self._link.breaker.record_failure(f"put exceeded put_timeout_ms={self._config.put_timeout_ms:g}")
                 self._rate_log.log("wb-timeout", logging.WARNING, "EIC write-behind flush exceeded put_timeout_ms")
             if stop:
+                if abandoned:  # an explicit close() drops (and logs) under the lock itself
+                    logger.warning("EIC connector closed without waiting: dropped %d pending writes", abandoned)
                 return
             if start_drain is not None:
                 self._submit_drain(start_drain)

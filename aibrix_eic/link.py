@@ -115,6 +115,30 @@ class Link:
             if self.is_open:
                 self._stop()
 
+    def abandon(self) -> None:
+        """close() for a finalizer: takes no lock and waits for nothing
+        (teardown.py). Requests are refused from now on; the prober thread
+        shuts the pools down as it exits (within POLL_S), and their threads
+        exit once their calls return."""
+        if not self.is_open:
+            return
+        self.is_open = False
+        prober, pools = self._prober, (self.data_pool, self.meta_pool)
+        prober.abandon(lambda: self._retire(prober, pools))
+
+    def _retire(self, prober: Prober, pools: tuple[PriorityThreadPool | None, ...]) -> None:
+        """The rest of an abandoned close, on its prober's thread (which holds nothing now)."""
+        for pool in pools:
+            if pool is not None:
+                pool.shutdown()
+        with self._state_lock:
+            if self._prober is not prober:
+                return  # reopened since: the new pools and client are not ours to drop
+            self.session = None
+            self.data_pool = self.meta_pool = None
+            self.regions.clear()
+        self.metrics.closed()
+
     # -------------------------------------------------------- registration
     def register(self, regions: list[tuple[int, int]], cuda_device: int | None) -> tuple[int, str]:
         """Remember regions and register the new ones on the current client

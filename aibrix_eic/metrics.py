@@ -48,6 +48,7 @@ from .metric_series import (
     request_outcome,
 )
 from .sdk import HIT, MISS
+from .teardown import OwnThread
 
 __all__ = [
     "DELETE_SKIPPED", "FAST_MISS", "LABELS", "MULTIPROC_ENV", "NO_METRICS", "OPS", "PUT_SKIPPED",
@@ -251,7 +252,7 @@ def _sample(connector_metrics: ConnectorMetrics) -> None:
     with _sampler_lock:
         _sampled.add(connector_metrics)
         if _sampler is None or not _sampler.is_alive():
-            _sampler = threading.Thread(target=_sample_forever, name="aibrix_eic_metrics", daemon=True)
+            _sampler = OwnThread(_sample_forever, "aibrix_eic_metrics")
             _sampler.start()
 
 

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from .teardown import OwnThread
+
 GET_PRIORITY = 0
 PUT_PRIORITY = 1
 PROBE_PRIORITY = -1  # ahead of every request: it decides whether requests run at all
@@ -86,7 +88,7 @@ class PriorityThreadPool:
             self._queue.put((_STOP_PRIORITY, next(self._order), None))
 
     def _start_thread_unsafe(self) -> None:
-        thread = threading.Thread(target=self._work, name=f"{self._name}_{next(self._names)}", daemon=True)
+        thread = OwnThread(self._work, f"{self._name}_{next(self._names)}")
         thread.start()
         self._busy_since[thread] = None
 

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from .teardown import OwnThread
+
 T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
@@ -37,7 +39,7 @@ def call_with_timeout(fn: Callable[[], T], timeout_s: float, name: str) -> tuple
     """Run fn on a fresh daemon thread; (finished, result). A call that hangs
     is abandoned, so a stuck SDK cannot stall the caller or a shared pool."""
     box: list[T] = []
-    thread = threading.Thread(target=lambda: box.append(fn()), name=name, daemon=True)
+    thread = OwnThread(lambda: box.append(fn()), name)
     thread.start()
     thread.join(timeout_s)
     return (True, box[0]) if box else (False, None)
@@ -155,6 +157,9 @@ class CircuitBreaker:
             self._on_change(state, self._reason)
 
 
+POLL_S = 0.2  # how soon the prober sees abandon()
+
+
 class Prober:
     """A daemon thread that, while the breaker is open, calls `attempt`
     every `interval_s` and closes the breaker when it returns True."""
@@ -173,30 +178,37 @@ class Prober:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._abandoned: Callable[[], None] | None = None  # see abandon()
 
     def start(self) -> None:
         if self._thread is not None and self._thread.is_alive():
             return
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread = OwnThread(self._run, self._name)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
 
+    def abandon(self, then: Callable[[], None]) -> None:
+        """stop() for a finalizer: one attribute write, no lock (Event.set
+        takes one, which this very thread may hold if the GC runs on it).
+        The thread sees it within POLL_S, runs `then` and exits."""
+        self._abandoned = then
+
     def wake(self) -> None:
         """Start counting the interval now (the breaker just opened)."""
         self._wake.set()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stopping(0):
             if not self._breaker.tripped:
-                self._wake.wait()
+                self._wake.wait(POLL_S)  # bounded: abandon() cannot set the event
                 self._wake.clear()
                 continue
-            if self._stop.wait(self._interval_s):
-                return
+            if self._stopping(self._interval_s):
+                break
             if not self._breaker.tripped:
                 continue
             try:
@@ -204,5 +216,18 @@ class Prober:
             except Exception:  # the probe must outlive any SDK surprise
                 logger.exception("EIC recovery probe raised")
                 recovered = False
-            if recovered and not self._stop.is_set():
+            if recovered and not self._stopping(0):
                 self._breaker.reset()
+        then = self._abandoned
+        if then is not None:
+            then()
+
+    def _stopping(self, wait_s: float) -> bool:
+        """Wait up to wait_s; True once stopped or abandoned."""
+        end = time.monotonic() + wait_s
+        while self._abandoned is None:
+            if self._stop.wait(max(0.0, min(POLL_S, end - time.monotonic()))):
+                return True
+            if time.monotonic() >= end:
+                return False
+        return True

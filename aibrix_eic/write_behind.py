@@ -77,6 +77,11 @@ class WriteBehind:
 
         call.add_done_callback(returned)
 
+    def abandon(self) -> None:
+        """close() for a finalizer: never blocks; see Flusher.abandon."""
+        if self.enabled:
+            self._flusher.abandon()
+
     @property
     def active(self) -> bool:
         """Whether reads must consult the table (cheap; no lock)."""
