@@ -40,7 +40,6 @@ from aibrix_kvcache import TokenListView
 from aibrix_kvcache.memory import ManagedMemoryRegion, MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes
 
-from .outcomes import close_after
 from .request_guard import CURRENT_GUARD, RequestGuard
 
 logger = logging.getLogger(__name__)
@@ -118,7 +117,8 @@ def restore_tokens(keys: Sequence[bytes], mrs: Sequence[MemoryRegion], statuses:
     """After a get in the token-validation layout: hand L2Cache correctly
     parsed tokens, and end the loaded prefix at a block without a well-formed
     footer or whose tokens are not the ones asked for (L2Cache skips such a
-    block but counts the ones after it). Returns the new prefix length."""
+    block but counts the ones after it): that block becomes NOT_FOUND.
+    Returns the new prefix length; the caller closes the statuses after it."""
     previous = None
     for i in range(loaded):
         mr = mrs[i]
@@ -133,7 +133,6 @@ def restore_tokens(keys: Sequence[bytes], mrs: Sequence[MemoryRegion], statuses:
             previous = block_tokens
             continue
         statuses[i] = Status(StatusCodes.NOT_FOUND, f"block {i}: {reason}")
-        close_after(statuses, i)
         return i
     return loaded
 

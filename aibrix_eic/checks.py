@@ -10,6 +10,7 @@ from typing import Any
 from aibrix_kvcache.memory import MemoryRegion
 
 from . import device_memory
+from .codec import KeyCodec
 from .regions import RegisteredRegions
 
 _MR_TYPES: set[type] = set()  # MemoryRegion subclasses seen; ABC isinstance is slow
@@ -32,6 +33,12 @@ def check_keys(keys: Sequence[Any]) -> None:
             raise InvalidRequest(f"keys[{i}] is a {type(key).__name__}, expected bytes")
         if not key:
             raise InvalidRequest(f"keys[{i}] is empty")
+
+
+def eic_keys(codec: KeyCodec, keys: Sequence[Any]) -> list[str]:
+    """The EIC keys of a request's keys, once they are checked."""
+    check_keys(keys)
+    return codec.encode_many(keys)
 
 
 class BlockChecker:

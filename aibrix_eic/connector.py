@@ -17,7 +17,10 @@ pools) -> outcomes -> Status list. What it guarantees, and why:
   breaker that turns a down EIC into fast misses until a probe sees it back.
 """
 
+import asyncio
+import functools
 import logging
+import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from typing import Any
@@ -29,8 +32,7 @@ from aibrix_kvcache.status import Status, StatusCodes
 
 from . import live
 from .aibrix_compat import order_timeouts, restore_tokens, with_tokens
-from .answers import never_raises
-from .checks import BlockChecker, InvalidRequest, check_lengths, slab_regions
+from .checks import BlockChecker, InvalidRequest, check_lengths, eic_keys, slab_regions
 from .codec import KeyCodec
 from .config import ConfigError, EICConfig, warn_about_env
 from .counters import Counters
@@ -40,14 +42,55 @@ from .exists_batch import ExistsBatcher
 from .identity import ModelIdentity, announce, resolve_identity
 from .link import Link
 from .logs import RateLimitedLogger
-from .metrics import DELETE_SKIPPED, FAST_MISS, PUT_SKIPPED, for_connector
-from .outcomes import OK
+from .metrics import for_connector
+from .outcomes import DELETE_SKIPPED, FAST_MISS, OK, PUT_SKIPPED, request_outcome
 from .resilience import CircuitBreaker
 from .sdk import load_sdk_module
 from .teardown import close_may_wait
 from .write_behind import WriteBehind
 
 logger = logging.getLogger(__name__)
+
+# The requests the metrics count, by their name there; get() and put() go
+# through mget() and mput(), so each request is counted once. exists() is
+# counted by the exists batcher (exists_batch.py), the one owner of its series.
+METRIC_OPS = {"mget": "get", "mput": "put", "delete": "delete"}
+
+
+def never_raises(op: str):
+    """Turn any exception of an async op into a Status (bad input INVALID,
+    a bug ERROR), and count the request in the metrics."""
+    metric_op = METRIC_OPS.get(op)
+
+    def decorate(method):
+        @functools.wraps(method)
+        async def wrapper(self, *args, **kwargs):
+            started = time.perf_counter() if metric_op is not None else 0.0
+            try:
+                result = await method(self, *args, **kwargs)
+            except asyncio.CancelledError:
+                raise
+            except InvalidRequest as e:
+                self._counters.add(invalid=1)
+                result = Status(StatusCodes.INVALID, f"{op}: {e}")
+                if op == "exists":
+                    self._exists.count(result)
+            except BaseException as e:  # AssertionError too: nothing escapes
+                self._rate_log.log(f"{op}-internal", logging.ERROR, "EIC %s failed internally: %r", op, e)
+                result = Status(StatusCodes.ERROR, f"{op} failed internally: {e!r}")
+                if op == "exists":
+                    self._exists.count(result)
+            if metric_op is not None and self._metrics.enabled:
+                try:
+                    outcome = request_outcome(metric_op, result)
+                    self._metrics.record_request(metric_op, outcome, result, args, time.perf_counter() - started)
+                except Exception as e:  # metrics never cost a request its answer
+                    self._rate_log.log("metrics", logging.WARNING, "EIC metrics failed: %r", e)
+            return result
+
+        return wrapper
+
+    return decorate
 
 
 class EICConnector(Connector[bytes, torch.Tensor]):
@@ -75,15 +118,14 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         self._metrics = for_connector(self._config, conn_id)
         self._counters = Counters(self._metrics)
         self._rate_log = RateLimitedLogger(logger)
-        self._link = Link(self._config, module, self._codec.prefix, self._rate_log)
-        self._link.metrics = self._metrics
+        self._link = Link(self._config, module, self._codec.prefix, self._counters, self._rate_log)
         live.add(self)  # for aibrix_eic.health()
         self._blocks = BlockChecker(
             self._link.regions, self._config.max_value_bytes, self._config.require_registration,
             self._config.block_nbytes,
         )  # fmt: skip
         self._dispatcher = Dispatcher(self._config, self._link, self._counters, self._rate_log)
-        self._exists = ExistsBatcher(self._config, self._link, self._counters, self._rate_log)
+        self._exists = ExistsBatcher(self._config, self._link, self._counters)
         self._write_behind = WriteBehind(self._config, self._link, self._dispatcher, self._counters, self._rate_log)
         if self._metrics.enabled:  # not NO_METRICS: that one is shared
             self._metrics.pending_bytes = self._write_behind.pending_bytes
@@ -290,7 +332,7 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         if self._write_behind.active:  # accepted writes not yet in EIC are read from their regions
             self._blocks.buffers(mrs, False)  # INVALID names the caller's index, not a sub-request's
             return await self._write_behind.mget(
-                self._direct.encode_keys(keys), keys, mrs, self._direct.mget, restore_tokens
+                eic_keys(self._codec, keys), keys, mrs, self._direct.mget, restore_tokens
             )
         return await self._direct.mget(keys, mrs)
 
@@ -305,15 +347,14 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         (L2Cache issues up to op_batch of them at once)."""
         refusal = self._refusal()
         if refusal is not None:
-            return refusal
-        eic_key = self._direct.encode_keys([key])[0]
+            return self._exists.count(refusal)
+        eic_key = eic_keys(self._codec, [key])[0]
         if self._write_behind.active:
             known = self._write_behind.exists(eic_key)
-            if known is not None:  # answered without the batcher: count it here
-                self._metrics.count_requests("exists", "hit" if known.is_ok() else "miss", 1)
-                return known
-        if self._direct.live_session() is None:
-            return FAST_MISS
+            if known is not None:
+                return self._exists.count(known)
+        if self._link.usable("meta") is None:
+            return self._exists.count(FAST_MISS)
         return await self._exists.exists(eic_key)
 
     # ------------------------------------------------------------- writing
@@ -323,13 +364,13 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         if refusal is not None:
             return refusal
         check_lengths(keys, mrs)
-        session = self._direct.live_session()
-        if session is None:
+        usable = self._link.usable("data")
+        if usable is None:
             return PUT_SKIPPED  # nothing is queued while the circuit is open
         if self._write_behind.enabled:
             buffers = self._blocks.buffers(mrs, True)  # the flusher applies the session's registration
-            return await self._write_behind.mput(self._direct.encode_keys(keys), buffers, mrs)
-        return await self._direct.mput(session, keys, mrs)
+            return await self._write_behind.mput(eic_keys(self._codec, keys), buffers, mrs)
+        return await self._direct.mput(usable[0], keys, mrs)
 
     @never_raises("put")
     async def put(self, key: bytes, mr: MemoryRegion) -> Status:
@@ -341,11 +382,11 @@ class EICConnector(Connector[bytes, torch.Tensor]):
         refusal = self._refusal()
         if refusal is not None:
             return refusal
-        eic_keys = self._direct.encode_keys([key])
-        session = self._direct.live_session()
-        if session is None:
+        eic_key = eic_keys(self._codec, [key])[0]
+        usable = self._link.usable("meta")
+        if usable is None:
             return DELETE_SKIPPED
         if self._write_behind.enabled:  # ordered after a write of the key in flight
             self._counters.add(deletes=1)
-            return await self._write_behind.delete(eic_keys[0], session)
-        return await self._direct.delete(session, eic_keys[0])
+            return await self._write_behind.delete(eic_key, usable[0])
+        return await self._direct.delete(usable[0], eic_key)

@@ -4,11 +4,8 @@ Prometheus series (metrics.py), so health() and /metrics read the same
 numbers."""
 
 import threading
-from collections.abc import Sequence
-from typing import Any
 
 from .metrics import NO_METRICS, ConnectorMetrics, NoMetrics
-from .sdk import HIT, MISS
 
 
 class Counters:
@@ -35,20 +32,3 @@ class Counters:
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self._values)
-
-
-def unloaded_reasons(chunks: Sequence[Any]) -> dict[str, int]:
-    """get_errors and get_timeouts of one mget, from its dispatch chunks
-    (`keys`, and `outcomes` or None when the deadline came first): keys EIC
-    failed, and keys not answered in time. The other keys not loaded were
-    misses, or came after a key that was not loaded."""
-    errors = timeouts = 0
-    for chunk in chunks:
-        outcomes = chunk.outcomes
-        if outcomes is None:
-            timeouts += len(chunk.keys)
-            continue
-        hits = outcomes.count(HIT)
-        if hits != len(outcomes):
-            errors += len(outcomes) - hits - outcomes.count(MISS)
-    return {"get_errors": errors, "get_timeouts": timeouts}

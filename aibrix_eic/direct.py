@@ -1,7 +1,8 @@
-"""Requests sent straight to EIC: the session check, the request's own
-references on its memory (request_guard), the SDK calls (dispatch) and the
-Statuses AIBrix sees (outcomes). The connector sends every request here,
-except those write-behind answers or queues.
+"""Requests sent straight to EIC: the request's own references on its
+memory (request_guard), its SDK calls (dispatch) and the Statuses AIBrix
+sees (outcomes). The connector sends gets here (with put_mode write_behind
+or coalesce, only the keys no pending write answers), puts with put_mode
+direct, and deletes with put_mode direct.
 """
 
 from collections.abc import Sequence
@@ -11,14 +12,13 @@ from aibrix_kvcache.memory import MemoryRegion
 from aibrix_kvcache.status import Status
 
 from .aibrix_compat import restore_tokens
-from .checks import BlockChecker, check_keys
+from .checks import BlockChecker, eic_keys
 from .codec import KeyCodec
 from .config import EICConfig
-from .counters import Counters, unloaded_reasons
+from .counters import Counters
 from .dispatch import DELETE, GET, PUT, Chunk, Dispatcher, OutlivedCall
 from .link import Link, Session
-from .metrics import FAST_MISS
-from .outcomes import close_after, key_statuses, put_outcome
+from .outcomes import FAST_MISS, close_after, key_statuses, put_outcome, unloaded_reasons
 from .request_guard import hold, release
 
 
@@ -33,35 +33,23 @@ class DirectRequests:
         self._counters = counters
         self._outlived = outlived  # a put's call still running at its deadline
 
-    def encode_keys(self, keys: Sequence[Any]) -> list[str]:
-        check_keys(keys)
-        return self._codec.encode_many(keys)
-
-    def live_session(self) -> Session | None:
-        """The session requests use, or None while the circuit is open. This
-        check is the whole cost of a request while EIC is down."""
-        session = self._link.session
-        if self._link.breaker.tripped or session is None:
-            self._counters.add(fast_fails=1)
-            return None
-        return session
-
     def _held_chunks(self, session: Session, keys: Sequence[Any], mrs: Sequence[Any], op: str) -> list[Chunk] | Status:
         """Check the request, then take the request's references on its
         regions (released by the caller) and split it into SDK calls; a
         Status when the regions may not be touched."""
         mark_registered = session.registration_ok and (self._config.put_registered or op != "mput")
         buffers = self._blocks.buffers(mrs, mark_registered)
-        eic_keys = self.encode_keys(keys)
+        keys_in_eic = eic_keys(self._codec, keys)
         refused = hold(mrs, op)
         if refused is not None:
             return refused
-        return self._dispatcher.chunks(eic_keys, buffers, mrs)
+        return self._dispatcher.chunks(keys_in_eic, buffers, mrs)
 
     async def mget(self, keys: Sequence[bytes], mrs: Sequence[MemoryRegion]) -> Sequence[Status] | Status:
-        session = self.live_session()
-        if session is None:
+        usable = self._link.usable("data")
+        if usable is None:
             return [FAST_MISS] * len(keys)
+        session = usable[0]
         chunks = self._held_chunks(session, keys, mrs, "mget")
         if isinstance(chunks, Status):
             return chunks
@@ -71,6 +59,7 @@ class DirectRequests:
             close_after(statuses, loaded)
             if loaded and not MemoryRegion.use_compact_layout():
                 loaded = restore_tokens(keys, mrs, statuses, loaded)
+                close_after(statuses, loaded)
         finally:
             release(mrs)
         self._counters.add(gets=1, get_blocks=len(keys), get_hits=loaded, **unloaded_reasons(chunks))

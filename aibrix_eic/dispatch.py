@@ -20,9 +20,10 @@ from .config import EICConfig
 from .counters import Counters
 from .link import Link
 from .logs import RateLimitedLogger
+from .outcomes import failed, failed_before_first_miss
 from .pool import GET_PRIORITY, PUT_PRIORITY
 from .resilience import Deadline, ExponentialBackoff
-from .sdk import FAIL, MISS, CallResult, Outcome, SdkClient
+from .sdk import FAIL, CallResult, Outcome, SdkClient
 
 
 class Chunk:
@@ -48,18 +49,6 @@ class Chunk:
         # A cancelled future never ran, so its thread will not release.
         if future.cancelled():
             self.release()
-
-
-def failed_before_first_miss(outcomes: list[Outcome]) -> list[int]:
-    """Get retry rule: keys after a miss cannot be reported loaded, so
-    refetching them is waste."""
-    end = outcomes.index(MISS) if MISS in outcomes else len(outcomes)
-    return [i for i in range(end) if outcomes[i] == FAIL]
-
-
-def failed(outcomes: list[Outcome]) -> list[int]:
-    """Put and delete retry rule: every key that failed in transit."""
-    return [i for i, outcome in enumerate(outcomes) if outcome == FAIL]
 
 
 SdkCall = Callable[[SdkClient, list[str], list], CallResult]
@@ -145,11 +134,7 @@ class Dispatcher:
             for chunk, future in zip(chunks, futures):
                 if not future.cancel() and not future.done() and outlived is not None:
                     outlived(chunk.keys, future)
-            self._counters.add(timeouts=1)
-            self._link.breaker.record_failure(f"{op.name} exceeded {op.name}_timeout_ms={timeout_ms:g}")
-            self._rate_log.log(
-                f"{op.name}-timeout", logging.WARNING, "EIC %s exceeded %s_timeout_ms=%g", op.name, op.name, timeout_ms
-            )
+            self._link.deadline_passed(op.name, timeout_ms)
         return timeout_ms
 
     def run_here(self, op: Operation, client: SdkClient, chunk: Chunk, deadline: Deadline) -> None:
@@ -167,20 +152,11 @@ class Dispatcher:
         finally:
             chunk.release()
 
-    def _call(self, op: Operation, client: SdkClient, keys: list[str], buffers: list) -> CallResult:
-        metrics = self._counters.metrics
-        metrics.call_started(op.name)  # the in-flight gauge and the SDK call count
-        try:
-            return op.call(client, keys, buffers)
-        finally:
-            metrics.call_finished()
-
     def _call_with_retry(self, op: Operation, client: SdkClient, chunk: Chunk, deadline: Deadline) -> None:
         """Run one SDK call, then re-send keys it failed (never misses) while
         the retry budget, the deadline and the breaker allow."""
         link = self._link
-        result = self._call(op, client, chunk.keys, chunk.buffers)
-        link.observe(result)
+        result = link.call(op.name, op.call, client, chunk.keys, chunk.buffers)
         outcomes, detail = list(result.outcomes), result.detail
         for attempt in range(1, self._config.retry_attempts + 1):
             again = op.retryable(outcomes)
@@ -192,8 +168,7 @@ class Dispatcher:
             time.sleep(delay)
             self._counters.add(retries=len(again))
             buffers = [chunk.buffers[i] for i in again] if chunk.buffers else []
-            result = self._call(op, client, [chunk.keys[i] for i in again], buffers)
-            link.observe(result)
+            result = link.call(op.name, op.call, client, [chunk.keys[i] for i in again], buffers)
             for j, i in enumerate(again):
                 outcomes[i] = result.outcomes[j]
             detail = result.detail

@@ -5,12 +5,16 @@ without this every key would be its own round trip.
 Answers come back through call_soon_threadsafe, or as TIMEOUT from a loop
 timer; no task or future chain sits in between, which keeps a round of
 L2Cache.exists close to one SDK round trip.
+
+This module owns the exists() request metrics: the answers of a mexist round
+are counted in bulk per round, and every other answer (a fast failure, a
+refusal, one the write-behind table gave) through `count`.
 """
 
 import asyncio
 import functools
-import logging
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future
 
 from aibrix_kvcache.status import Status, StatusCodes
@@ -18,23 +22,21 @@ from aibrix_kvcache.status import Status, StatusCodes
 from .config import EICConfig
 from .counters import Counters
 from .link import Link, Session
-from .logs import RateLimitedLogger
-from .metrics import FAST_MISS
-from .outcomes import answer, answer_exists
-from .sdk import CallResult
+from .outcomes import FAST_MISS, NOT_FOUND, OK, request_outcome
+from .sdk import HIT, MISS, CallResult
 
 
 class ExistsBatcher:
-    def __init__(self, config: EICConfig, link: Link, counters: Counters, rate_log: RateLimitedLogger):
+    def __init__(self, config: EICConfig, link: Link, counters: Counters):
         self._config = config
         self._link = link
         self._counters = counters
-        self._rate_log = rate_log
         self._pending: dict[asyncio.AbstractEventLoop, tuple[list[str], list[asyncio.Future]]] = {}
 
-    def pending_loops(self) -> int:
-        """Event loops with keys waiting for their flush."""
-        return len(self._pending)
+    def count(self, status: Status) -> Status:
+        """Count one exists() answered without a mexist round; returns it."""
+        self._counters.metrics.count_requests("exists", request_outcome("exists", status), 1)
+        return status
 
     async def exists(self, eic_key: str) -> Status:
         loop = asyncio.get_running_loop()
@@ -61,12 +63,12 @@ class ExistsBatcher:
             return
         eic_keys, waiters = batch
         try:
-            link = self._link
-            session, pool = link.session, link.meta_pool
-            if link.breaker.tripped or session is None or pool is None:
-                self._counters.add(fast_fails=1)
+            usable = self._link.usable("meta")
+            if usable is None:
+                self._counters.metrics.count_requests("exists", "fast_fail", sum(1 for w in waiters if not w.done()))
                 answer(waiters, 0, len(waiters), FAST_MISS)
                 return
+            session, pool = usable
             timeout_ms = self._config.exists_timeout_ms
             step = self._config.batch_keys
             spans = [(start, min(start + step, len(eic_keys))) for start in range(0, len(eic_keys), step)]
@@ -76,7 +78,8 @@ class ExistsBatcher:
             metrics, sent = self._counters.metrics, time.perf_counter()
 
             def deliver(start: int, end: int, future: Future) -> None:  # on the loop
-                metrics.exists_round(waiters, start, end, future, time.perf_counter() - sent)
+                metrics.exists_seconds(time.perf_counter() - sent)
+                count_round(metrics, waiters, start, end, future)
                 answer_exists(waiters, start, end, future)
                 unanswered[0] -= 1
                 if unanswered[0] == 0:
@@ -98,24 +101,65 @@ class ExistsBatcher:
             answer(waiters, 0, len(waiters), Status(StatusCodes.ERROR, f"exists failed internally: {e!r}"))
 
     def _mexist(self, session: Session, eic_keys: list[str]) -> CallResult:
-        metrics = self._counters.metrics
-        metrics.call_started("exists")
-        try:
-            result = session.client.mexist(eic_keys)
-        finally:
-            metrics.call_finished()
-        self._link.observe(result)
-        return result
+        return self._link.call("exists", session.client.mexist, eic_keys)
 
     def _timed_out(self, waiters: list[asyncio.Future], futures: list[Future], timeout_ms: float) -> None:
         if all(waiter.done() for waiter in waiters):
             return
         for future in futures:
             future.cancel()
-        self._counters.add(timeouts=1)
         self._counters.metrics.count_requests("exists", "timeout", sum(1 for w in waiters if not w.done()))
-        self._link.breaker.record_failure(f"exists exceeded exists_timeout_ms={timeout_ms:g}")
-        self._rate_log.log("exists-timeout", logging.WARNING, "EIC exists exceeded exists_timeout_ms=%g", timeout_ms)
+        self._link.deadline_passed("exists", timeout_ms)
         answer(
             waiters, 0, len(waiters), Status(StatusCodes.TIMEOUT, f"exists exceeded exists_timeout_ms={timeout_ms:g}")
         )
+
+
+def count_round(metrics, waiters: Sequence[asyncio.Future], start: int, end: int, future: Future) -> None:
+    """The outcome of each exists() one mexist round answers (those the
+    deadline has not answered already), counted in bulk, not per call."""
+    try:
+        outcomes = future.result(timeout=0).outcomes  # done: it is delivered from its callback
+    except BaseException:  # cancelled, or the call raised
+        metrics.count_requests("exists", "error", sum(1 for w in waiters[start:end] if not w.done()))
+        return
+    if not waiters[start].done() and not waiters[end - 1].done():  # the usual case: none answered yet
+        hits, misses = outcomes.count(HIT), outcomes.count(MISS)
+        metrics.count_requests("exists", "hit", hits)
+        metrics.count_requests("exists", "miss", misses)
+        metrics.count_requests("exists", "error", len(outcomes) - hits - misses)
+        return
+    for waiter, outcome in zip(waiters[start:end], outcomes):
+        if not waiter.done():
+            metrics.count_requests("exists", "hit" if outcome == HIT else "miss" if outcome == MISS else "error", 1)
+
+
+def answer(waiters: Sequence[asyncio.Future], start: int, end: int, status: Status) -> None:
+    for waiter in waiters[start:end]:
+        if not waiter.done():  # AIBrix may have cancelled it
+            waiter.set_result(status)
+
+
+def answer_exists(waiters: Sequence[asyncio.Future], start: int, end: int, future: Future) -> None:
+    """Answer waiters[start:end] from a finished mexist future."""
+    if future.cancelled():
+        # By the timeout (its waiters are answered, and skipped here) or by
+        # close() shutting the pool down, which must not leave anyone waiting.
+        answer(waiters, start, end, Status(StatusCodes.CANCELLED, "exists cancelled: the connector was closed"))
+        return
+    error = future.exception()
+    if error is not None:
+        answer(waiters, start, end, Status(StatusCodes.ERROR, f"exists failed internally: {error!r}"))
+        return
+    result: CallResult = future.result()
+    failure = None
+    for waiter, outcome in zip(waiters[start:end], result.outcomes):
+        if waiter.done():
+            continue
+        if outcome == HIT:
+            waiter.set_result(OK)
+        elif outcome == MISS:
+            waiter.set_result(NOT_FOUND)
+        else:
+            failure = failure or Status(StatusCodes.ERROR, f"exists: {result.detail}")
+            waiter.set_result(failure)

@@ -47,12 +47,6 @@ logger = logging.getLogger(__name__)
 TICK_S = 0.05  # how often the watcher looks at ages, lost keys and the drain
 
 
-def settle(done: Finished) -> None:
-    """Answer waiters, outside the table lock."""
-    for ack in done.acks:
-        ack.resolve()
-
-
 def _buffers(writes: list[Entry]) -> list[tuple[int, int, bool]]:
     return [entry.buffer for entry in writes if entry.buffer is not None]  # a write always has one
 
@@ -133,7 +127,7 @@ class Flusher:
             dropped = table.drop_all_queued("pending write dropped: the connector closed", done)
             while table.inflight and not deadline.expired():
                 table.cond.wait(min(TICK_S, deadline.remaining()))
-        settle(done)
+        done.settle()
         if dropped:
             self._counters.add(write_behind_lost=dropped)
             logger.warning("EIC close dropped %d pending writes it could not flush in time", dropped)
@@ -181,13 +175,11 @@ class Flusher:
                         start_drain = self._drain = _Drain()
                     else:
                         table.wake_flusher.wait(TICK_S)
-            settle(done)
+            done.settle()
             if lost:
                 self._counters.add(write_behind_lost=lost)
             if overdue:
-                self._counters.add(timeouts=1)
-                self._link.breaker.record_failure(f"put exceeded put_timeout_ms={self._config.put_timeout_ms:g}")
-                self._rate_log.log("wb-timeout", logging.WARNING, "EIC write-behind flush exceeded put_timeout_ms")
+                self._link.deadline_passed("put", self._config.put_timeout_ms, "write-behind flush")
             if stop:
                 if abandoned:  # an explicit close() drops (and logs) under the lock itself
                     logger.warning("EIC connector closed without waiting: dropped %d pending writes", abandoned)
@@ -196,8 +188,7 @@ class Flusher:
                 self._submit_drain(start_drain)
 
     def _down(self) -> bool:
-        link = self._link
-        return link.breaker.tripped or link.session is None or link.data_pool is None
+        return self._link.usable("data", count=False) is None
 
     def _drain_ended(self, drain: _Drain) -> None:
         with self._table.cond:
@@ -227,7 +218,7 @@ class Flusher:
                     return
                 now = time.monotonic()
                 with_deletes = now >= self._lost_retry_at
-                writes, deletes = table.take_round(1 << 30, with_deletes)
+                writes, deletes = table.take_round(with_deletes)
                 if deletes:
                     self._lost_retry_at = now + TICK_S
                 if not writes and not deletes:
@@ -340,8 +331,7 @@ class Flusher:
         if failed:  # accepted early, so nobody hears of it: a lost block (a later miss)
             self._counters.add(put_failures=len(failed), write_behind_lost=sum(1 for i in failed if group[i].counted))
             if not self._link.breaker.tripped:  # clear the key: an older value must not be served
-                result = session.client.mdel([chunk.keys[i] for i in failed])
-                self._link.observe(result)
+                result = self._link.call("delete", session.client.mdel, [chunk.keys[i] for i in failed])
                 for j, i in enumerate(failed):
                     settled[i] = result.outcomes[j] in (HIT, MISS)
         self._end(group, settled, f"not stored: {chunk.detail}", stored=[o == HIT for o in outcomes])
@@ -349,8 +339,7 @@ class Flusher:
     def _delete_lost(self, session: Session, _chunk, group: list[Entry], _deadline: Deadline) -> None:
         settled = [False] * len(group)
         try:
-            result = session.client.mdel([entry.key for entry in group])
-            self._link.observe(result)
+            result = self._link.call("delete", session.client.mdel, [entry.key for entry in group])
             settled = [outcome in (HIT, MISS) for outcome in result.outcomes]
         finally:
             self._end(group, settled, "")
@@ -364,4 +353,4 @@ class Flusher:
             for i, entry in enumerate(group):
                 ok = i < len(settled) and settled[i]
                 self._table.finish(entry, ok, None if stored is not None and stored[i] else failure, done)
-        settle(done)
+        done.settle()

@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -19,8 +20,8 @@ from types import ModuleType
 from aibrix_kvcache.status import Status, StatusCodes
 
 from .config import ConfigError, EICConfig
+from .counters import Counters
 from .logs import RateLimitedLogger
-from .metrics import NO_METRICS, ConnectorMetrics, NoMetrics
 from .pool import PROBE_PRIORITY, PriorityThreadPool
 from .regions import RegisteredRegions
 from .resilience import BreakerState, CircuitBreaker, Prober, call_with_timeout
@@ -40,12 +41,16 @@ class Session:
 
 
 class Link:
-    def __init__(self, config: EICConfig, module: ModuleType | None, key_prefix: str, rate_log: RateLimitedLogger):
+    def __init__(
+        self, config: EICConfig, module: ModuleType | None, key_prefix: str, counters: Counters,
+        rate_log: RateLimitedLogger,
+    ) -> None:  # fmt: skip
         self._config = config
         self._module = module
         self._key_prefix = key_prefix
+        self._counters = counters
         self._rate_log = rate_log
-        self.metrics: ConnectorMetrics | NoMetrics = NO_METRICS  # the connector's, set by it
+        self.metrics = counters.metrics
         self.regions = RegisteredRegions()
         self._state_lock = threading.RLock()
         self.is_open = False
@@ -192,6 +197,43 @@ class Link:
             self._prober.wake()
         else:
             logger.warning("EIC circuit CLOSED for %s: EIC answers again, cache resumed", self._config.remote_url)
+
+    # ------------------------------------------------ the data path's calls
+    def usable(self, pool: str = "data", count: bool = True) -> tuple[Session, PriorityThreadPool] | None:
+        """The session and the pool ("data" or "meta") a request may use now,
+        or None while the circuit is open or the link is down, counted as a
+        fast failure unless `count` is False (the flusher's watcher asking).
+        Every path asks this one question; while EIC is down it is a
+        request's whole cost."""
+        session = self.session
+        chosen = self.data_pool if pool == "data" else self.meta_pool
+        if self.breaker.tripped or session is None or chosen is None:
+            if count:
+                self._counters.add(fast_fails=1)
+            return None
+        return session, chosen
+
+    def call(self, op: str, fn: Callable[..., CallResult], *args) -> CallResult:
+        """Run one SDK call of the data path (`op`: get, put, exists, delete):
+        counted in the sdk_calls series and the in-flight gauge, and its reply
+        observed by the breaker. Every data-path SDK call goes through here;
+        probes and the warm-up do not (they judge the breaker, not feed it)."""
+        metrics = self.metrics
+        metrics.call_started(op)
+        try:
+            result = fn(*args)
+        finally:
+            metrics.call_finished()
+        self.observe(result)
+        return result
+
+    def deadline_passed(self, op: str, timeout_ms: float, what: str | None = None) -> None:
+        """A request's (or a flush round's) deadline passed before its SDK
+        calls answered: counted, a breaker failure, and a rate-limited warning."""
+        self._counters.add(timeouts=1)
+        self.breaker.record_failure(f"{op} exceeded {op}_timeout_ms={timeout_ms:g}")
+        what = what or op
+        self._rate_log.log(f"{what}-timeout", logging.WARNING, "EIC %s exceeded %s_timeout_ms=%g", what, op, timeout_ms)
 
     def observe(self, result: CallResult) -> None:
         """Breaker accounting for one SDK reply."""

@@ -1,13 +1,12 @@
 """The `aibrix_eic_*` series themselves: their names, labels and buckets,
-what counts as each outcome of a request or a block, and the one set of
-metric families a process registers (metrics.py binds them per connector).
+the outcome labels of a request or a block (outcomes.request_outcome picks
+a request's), and the one set of metric families a process registers
+(metrics.py binds them per connector).
 """
 
 import re
 import threading
-from typing import Any
 
-from aibrix_kvcache.status import Status, StatusCodes
 from prometheus_client import Counter, Gauge, Histogram
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -37,38 +36,6 @@ WRITE_BEHIND_OUTCOMES = {
 LATENCY_BUCKETS = (
     0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
-
-# What a request gets while the circuit is open (no SDK call is made): a
-# miss, or a skipped put or delete. Distinct objects, so the metrics can tell
-# a fast failure from a miss EIC reported.
-FAST_MISS = Status(StatusCodes.NOT_FOUND, "EIC circuit is open (EIC unavailable)")
-PUT_SKIPPED = Status(StatusCodes.ERROR, "put skipped: EIC circuit is open (EIC unavailable)")
-DELETE_SKIPPED = Status(StatusCodes.ERROR, "delete skipped: EIC circuit is open (EIC unavailable)")
-_CODE_OUTCOMES = {StatusCodes.NOT_FOUND: "miss", StatusCodes.TIMEOUT: "timeout", StatusCodes.INVALID: "invalid"}
-
-
-def _status_outcome(op: str, status: Status) -> str:
-    if status is FAST_MISS or status is PUT_SKIPPED or status is DELETE_SKIPPED:
-        return "fast_fail"
-    code = status.error_code
-    if code is StatusCodes.OK:
-        return "hit" if op in ("get", "exists") else "ok"
-    outcome = _CODE_OUTCOMES.get(code, "error")
-    return "error" if outcome == "miss" and op == "put" else outcome
-
-
-def request_outcome(op: str, result: Any) -> str:
-    """The outcome label of one request from what the connector returned:
-    a Status, or a list of them (prefix-closed for get)."""
-    if isinstance(result, Status):
-        return _status_outcome(op, result)
-    if not result:
-        return "hit" if op == "get" else "ok"
-    first = result[0]
-    if op == "get" and first.is_ok():
-        return "hit" if result[-1].is_ok() else "partial"
-    return _status_outcome(op, first)
-
 
 _PARTITION = re.compile(r"(?:^|_)(h\d+_\d+_l\d+_\d+)(?:_|$)")
 

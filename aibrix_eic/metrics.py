@@ -25,8 +25,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import prometheus_client
@@ -34,26 +33,20 @@ from aibrix_kvcache.status import Status
 
 from .metric_series import (
     BLOCK_OUTCOMES,
-    DELETE_SKIPPED,
-    FAST_MISS,
     LABELS,
     MULTIPROC_ENV,
     OPS,
-    PUT_SKIPPED,
     REQUEST_OUTCOMES,
     SAMPLE_INTERVAL_S,
     WRITE_BEHIND_OUTCOMES,
     families,
     partition_of,
-    request_outcome,
 )
-from .sdk import HIT, MISS
 from .teardown import OwnThread
 
 __all__ = [
-    "DELETE_SKIPPED", "FAST_MISS", "LABELS", "MULTIPROC_ENV", "NO_METRICS", "OPS", "PUT_SKIPPED",
-    "ConnectorMetrics", "NoMetrics", "exporter_port", "for_connector", "partition_of", "publish_all",
-    "request_outcome", "start_exporter", "WRITE_BEHIND_OUTCOMES",
+    "LABELS", "MULTIPROC_ENV", "NO_METRICS", "OPS", "ConnectorMetrics", "NoMetrics", "exporter_port",
+    "for_connector", "partition_of", "publish_all", "start_exporter", "WRITE_BEHIND_OUTCOMES",
 ]  # fmt: skip
 
 
@@ -139,12 +132,12 @@ class ConnectorMetrics:
             self._blocks[op, outcome].inc(amount)
 
     # ----------------------------------------------------- per request
-    def record_request(self, op: str, result: Any, args: tuple, seconds: float) -> None:
-        """One request of AIBrix's, as the connector answered it. args are
-        the request's (keys, mrs) for get and put."""
-        outcome = request_outcome(op, result)
+    def record_request(self, op: str, outcome: str, result: Any, args: tuple, seconds: float) -> None:
+        """One request of AIBrix's, as the connector answered it (`outcome`:
+        outcomes.request_outcome). args are the request's (keys, mrs) for get
+        and put."""
         self._requests[op, outcome].inc()
-        if op != "exists":  # timed per mexist round, in exists_round
+        if op != "exists":  # timed per mexist round, in exists_seconds
             self._seconds[op].observe(seconds)
         if op == "get" and not isinstance(result, Status) and result:
             if outcome == "fast_fail":
@@ -162,25 +155,9 @@ class ConnectorMetrics:
         if n > 0:
             self._requests[op, outcome].inc(n)
 
-    def exists_round(self, waiters: Sequence[Any], start: int, end: int, future: Future, seconds: float) -> None:
-        """One mexist round of the exists batcher: its latency, and the
-        outcome of each exists() it answers (those the deadline has not
-        answered already), counted in bulk rather than per call."""
+    def exists_seconds(self, seconds: float) -> None:
+        """The latency of one mexist round of the exists batcher."""
         self._seconds["exists"].observe(seconds)
-        try:
-            outcomes = future.result(timeout=0).outcomes  # done: it is delivered from its callback
-        except BaseException:  # cancelled, or the call raised
-            self.count_requests("exists", "error", sum(1 for w in waiters[start:end] if not w.done()))
-            return
-        if not waiters[start].done() and not waiters[end - 1].done():  # the usual case: none answered yet
-            hits, misses = outcomes.count(HIT), outcomes.count(MISS)
-            self.count_requests("exists", "hit", hits)
-            self.count_requests("exists", "miss", misses)
-            self.count_requests("exists", "error", len(outcomes) - hits - misses)
-            return
-        for waiter, outcome in zip(waiters[start:end], outcomes):
-            if not waiter.done():
-                self._requests["exists", "hit" if outcome == HIT else "miss" if outcome == MISS else "error"].inc()
 
     # ------------------------------------------------------ SDK calls
     def call_started(self, op: str) -> None:
@@ -266,13 +243,13 @@ class NoMetrics:
     def counted(self, amounts: Mapping[str, int]) -> None:
         pass
 
-    def record_request(self, op: str, result: Any, args: tuple, seconds: float) -> None:
+    def record_request(self, op: str, outcome: str, result: Any, args: tuple, seconds: float) -> None:
         pass
 
     def count_requests(self, op: str, outcome: str, n: int) -> None:
         pass
 
-    def exists_round(self, waiters: Sequence[Any], start: int, end: int, future: Future, seconds: float) -> None:
+    def exists_seconds(self, seconds: float) -> None:
         pass
 
     def call_started(self, op: str) -> None:

@@ -1,20 +1,25 @@
 """The rules that decide what AIBrix sees: per-key SDK outcomes become
 Statuses, mget results are prefix-closed, a put that stored less than every
-block becomes one error Status, and waiters get answers. Pure functions, no
-state, so each rule can be tested without an engine.
+block becomes one error Status, and what a request gets while EIC is down.
+Pure functions, no state, so each rule can be tested without an engine.
 """
 
-import asyncio
 from collections.abc import Sequence
-from concurrent.futures import Future
-from typing import Protocol
+from typing import Any, Protocol
 
 from aibrix_kvcache.status import Status, StatusCodes
 
-from .sdk import HIT, MISS, CallResult, Outcome
+from .sdk import FAIL, HIT, MISS, Outcome
 
 OK = Status.ok()
 NOT_FOUND = Status(StatusCodes.NOT_FOUND)
+# What a request gets while the circuit is open (no SDK call is made): a
+# miss, or a skipped put or delete. Distinct objects, so the metrics can tell
+# a fast failure from a miss EIC reported.
+FAST_MISS = Status(StatusCodes.NOT_FOUND, "EIC circuit is open (EIC unavailable)")
+PUT_SKIPPED = Status(StatusCodes.ERROR, "put skipped: EIC circuit is open (EIC unavailable)")
+DELETE_SKIPPED = Status(StatusCodes.ERROR, "delete skipped: EIC circuit is open (EIC unavailable)")
+_CODE_OUTCOMES = {StatusCodes.NOT_FOUND: "miss", StatusCodes.TIMEOUT: "timeout", StatusCodes.INVALID: "invalid"}
 
 
 class Answered(Protocol):
@@ -91,32 +96,54 @@ def put_outcome(statuses: list[Status], first_bad: int) -> tuple[list[Status] | 
     ), stored
 
 
-def answer(waiters: Sequence[asyncio.Future], start: int, end: int, status: Status) -> None:
-    for waiter in waiters[start:end]:
-        if not waiter.done():  # AIBrix may have cancelled it
-            waiter.set_result(status)
+def failed_before_first_miss(outcomes: list[Outcome]) -> list[int]:
+    """Get retry rule: keys after a miss cannot be reported loaded, so
+    refetching them is waste."""
+    end = outcomes.index(MISS) if MISS in outcomes else len(outcomes)
+    return [i for i in range(end) if outcomes[i] == FAIL]
 
 
-def answer_exists(waiters: Sequence[asyncio.Future], start: int, end: int, future: Future) -> None:
-    """Answer waiters[start:end] from a finished mexist future."""
-    if future.cancelled():
-        # By the timeout (its waiters are answered, and skipped here) or by
-        # close() shutting the pool down, which must not leave anyone waiting.
-        answer(waiters, start, end, Status(StatusCodes.CANCELLED, "exists cancelled: the connector was closed"))
-        return
-    error = future.exception()
-    if error is not None:
-        answer(waiters, start, end, Status(StatusCodes.ERROR, f"exists failed internally: {error!r}"))
-        return
-    result: CallResult = future.result()
-    failure = None
-    for waiter, outcome in zip(waiters[start:end], result.outcomes):
-        if waiter.done():
+def failed(outcomes: list[Outcome]) -> list[int]:
+    """Put and delete retry rule: every key that failed in transit."""
+    return [i for i, outcome in enumerate(outcomes) if outcome == FAIL]
+
+
+def unloaded_reasons(chunks: Sequence[Any]) -> dict[str, int]:
+    """get_errors and get_timeouts of one mget, from its dispatch chunks
+    (`keys`, and `outcomes` or None when the deadline came first): keys EIC
+    failed, and keys not answered in time. The other keys not loaded were
+    misses, or came after a key that was not loaded."""
+    errors = timeouts = 0
+    for chunk in chunks:
+        outcomes = chunk.outcomes
+        if outcomes is None:
+            timeouts += len(chunk.keys)
             continue
-        if outcome == HIT:
-            waiter.set_result(OK)
-        elif outcome == MISS:
-            waiter.set_result(NOT_FOUND)
-        else:
-            failure = failure or Status(StatusCodes.ERROR, f"exists: {result.detail}")
-            waiter.set_result(failure)
+        hits = outcomes.count(HIT)
+        if hits != len(outcomes):
+            errors += len(outcomes) - hits - outcomes.count(MISS)
+    return {"get_errors": errors, "get_timeouts": timeouts}
+
+
+def _status_outcome(op: str, status: Status) -> str:
+    if status is FAST_MISS or status is PUT_SKIPPED or status is DELETE_SKIPPED:
+        return "fast_fail"
+    code = status.error_code
+    if code is StatusCodes.OK:
+        return "hit" if op in ("get", "exists") else "ok"
+    outcome = _CODE_OUTCOMES.get(code, "error")
+    return "error" if outcome == "miss" and op == "put" else outcome
+
+
+def request_outcome(op: str, result: Any) -> str:
+    """The metrics' outcome label of one request (metric_series.REQUEST_OUTCOMES)
+    from what the connector returned: a Status, or a list of them
+    (prefix-closed for get)."""
+    if isinstance(result, Status):
+        return _status_outcome(op, result)
+    if not result:
+        return "hit" if op == "get" else "ok"
+    first = result[0]
+    if op == "get" and first.is_ok():
+        return "hit" if result[-1].is_ok() else "partial"
+    return _status_outcome(op, first)

@@ -108,6 +108,11 @@ class Finished:
                 self.acks.append(ack)
         entry.acks = None
 
+    def settle(self) -> None:
+        """Answer the waiters; outside the table lock."""
+        for ack in self.acks:
+            ack.resolve()
+
 
 SUPERSEDED = None  # an overwritten or deleted write counts as done: a later one replaced it
 
@@ -129,9 +134,6 @@ class PendingTable:
         self._seq = 0
 
     # ------------------------------------------------------------ queries
-    def idle(self) -> bool:
-        return not self.queued and not self.inflight and not self.lost
-
     def fits(self, nbytes: int, limit: int) -> bool:
         return self.counted_bytes + nbytes <= limit
 
@@ -172,17 +174,15 @@ class PendingTable:
             if counted:
                 self.counted_bytes += entry.nbytes
 
-    def take_round(self, max_keys: int, with_deletes: bool = True) -> tuple[list[Entry], list[Entry]]:
+    def take_round(self, with_deletes: bool = True) -> tuple[list[Entry], list[Entry]]:
         """Move sendable writes in flight, and claim the lost keys nothing
         else is about to change for a delete. (writes, deletes)."""
-        writes = [entry for key, entry in self.queued.items() if key not in self.inflight][:max_keys]
+        writes = [entry for key, entry in self.queued.items() if key not in self.inflight]
         for entry in writes:
             del self.queued[entry.key]
             self.inflight[entry.key] = entry
         deletes: list[Entry] = []
         for key, seq in self.lost.items() if with_deletes else ():
-            if len(deletes) >= max_keys:
-                break
             if (
                 key not in self.inflight
                 and key not in self.queued

@@ -27,7 +27,7 @@ from .counters import Counters
 from .device_memory import copy_region
 from .dispatch import DELETE as DELETE_OP
 from .dispatch import Dispatcher
-from .flusher import Flusher, settle
+from .flusher import Flusher
 from .link import Link, Session
 from .logs import RateLimitedLogger
 from .outcomes import NOT_FOUND, OK, close_after, key_statuses
@@ -132,7 +132,7 @@ class WriteBehind:
             table.add(eic_keys, buffers, mrs, time.monotonic(), early, ack, done)
             if not self._flusher.draining:  # a running drain takes it with its next round
                 table.wake_flusher.notify()
-        settle(done)
+        done.settle()
         self._counters.add(puts=1, put_blocks=len(eic_keys), write_behind_blocks=len(eic_keys) if early else 0,
                            write_behind_waits=0 if early or not self._accept_early else 1)  # fmt: skip
         if ack is None:
@@ -215,7 +215,7 @@ class WriteBehind:
         loaded = next((i for i, status in enumerate(statuses) if not status.is_ok()), nkeys)
         close_after(statuses, loaded)
         if loaded and not MemoryRegion.use_compact_layout():
-            restore(keys, mrs, statuses, loaded)
+            close_after(statuses, restore(keys, mrs, statuses, loaded))
         return statuses
 
     @staticmethod
@@ -264,7 +264,7 @@ class WriteBehind:
                 else:
                     ack = Ack(1, asyncio.get_running_loop())
                     busy.acks = (busy.acks or []) + [ack]
-            settle(done)
+            done.settle()
             if busy is None:
                 break
             try:
@@ -280,7 +280,7 @@ class WriteBehind:
             done = Finished()
             with table.cond:
                 table.finish(claim, status.is_ok() or status.is_not_found(), None, done)
-            settle(done)
+            done.settle()
         if dropped and status.is_not_found():
             return OK  # it existed, as a pending write
         return status

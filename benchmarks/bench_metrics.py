@@ -167,8 +167,9 @@ def instrument_cost_us(repeats: int = 3500) -> dict:
     connector makes for a put, a get and an exists round of the same shape."""
     from aibrix_kvcache.status import Status
 
-    from aibrix_eic.counters import unloaded_reasons
+    from aibrix_eic.exists_batch import count_round
     from aibrix_eic.metrics import ConnectorMetrics
+    from aibrix_eic.outcomes import unloaded_reasons
     from aibrix_eic.sdk import HIT, CallResult
 
     m = ConnectorMetrics("bench-instrument", "bench", "h0_0_l0_7")
@@ -190,14 +191,14 @@ def instrument_cost_us(repeats: int = 3500) -> dict:
             m.call_started("put")
             m.call_finished()
         m.counted({"puts": 1, "put_blocks": NBLOCKS, "put_failures": 0})
-        m.record_request("put", ok, (keys, mrs), 0.005)
+        m.record_request("put", "ok", ok, (keys, mrs), 0.005)
 
     def get():
         for _ in range(calls):
             m.call_started("get")
             m.call_finished()
         m.counted({"gets": 1, "get_blocks": NBLOCKS, "get_hits": NBLOCKS, **unloaded_reasons(chunks)})
-        m.record_request("get", ok, (keys, mrs), 0.004)
+        m.record_request("get", "hit", ok, (keys, mrs), 0.004)
 
     exists_rounds = NBLOCKS // OP_BATCH  # L2Cache asks op_batch keys at a time
     waiter_loop = asyncio.new_event_loop()
@@ -210,7 +211,8 @@ def instrument_cost_us(repeats: int = 3500) -> dict:
             m.call_started("exists")
             m.call_finished()
             m.counted({"exists": OP_BATCH, "exists_calls": 1})
-            m.exists_round(waiters, 0, OP_BATCH, answered, 0.001)
+            m.exists_seconds(0.001)
+            count_round(m, waiters, 0, OP_BATCH, answered)
 
     cost = {}
     for name, fn in (("put", put), ("get", get), ("exists", exists)):

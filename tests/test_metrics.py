@@ -22,7 +22,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 import aibrix_eic
-from aibrix_eic import metrics
+from aibrix_eic import metrics, outcomes
 from aibrix_eic.config import EICConfig
 from aibrix_eic.engine import get_store
 
@@ -274,15 +274,15 @@ def test_request_outcomes(op, result, outcome):
         "all-ok": [ok, ok],
         "ok-then-miss": [ok, miss],
         "miss": [miss, miss] if op == "get" else miss,
-        "fast": [metrics.FAST_MISS] * 2 if op == "get" else metrics.FAST_MISS,
+        "fast": [outcomes.FAST_MISS] * 2 if op == "get" else outcomes.FAST_MISS,
         "timeout": [Status(StatusCodes.TIMEOUT, "t")] * 2,
         "error": Status(StatusCodes.ERROR, "e"),
         "invalid": Status(StatusCodes.INVALID, "i"),
-        "put-skipped": metrics.PUT_SKIPPED,
-        "delete-skipped": metrics.DELETE_SKIPPED,
+        "put-skipped": outcomes.PUT_SKIPPED,
+        "delete-skipped": outcomes.DELETE_SKIPPED,
         "ok": ok,
     }
-    assert metrics.request_outcome(op, results[result]) == outcome
+    assert outcomes.request_outcome(op, results[result]) == outcome
 
 
 @pytest.mark.parametrize(

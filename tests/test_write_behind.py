@@ -498,7 +498,7 @@ def test_a_write_waiting_behind_its_keys_delete_does_not_spin_the_flusher(make_r
 
     rig = make_rig(store="wb-nospin2")
     key = b"o" * 16
-    eic_key = rig.conn._direct.encode_keys([key])[0]
+    eic_key = rig.conn._codec.encode(key)
     table = rig.conn.write_behind.table
     with table.cond:  # a delete of the key in flight (what WriteBehind.delete claims)
         claim = table.claim_delete(eic_key)
