@@ -229,7 +229,9 @@ class Client:
         store = self._begin_call(keys, option.ns)
         if not isinstance(store, Store):
             return store
-        codes, todo_index, todo_keys, todo_buffers = self._screen(store, keys, vals, store.max_value_bytes, writing=True)
+        codes, todo_index, todo_keys, todo_buffers = self._screen(
+            store, keys, vals, store.max_value_bytes, writing=True
+        )
         if todo_index:
             stored = store.put_many(option.ns, todo_keys, todo_buffers, option.ttl_second)
             codes = self._merge(codes, todo_index, stored)
