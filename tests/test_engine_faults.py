@@ -317,6 +317,7 @@ def test_every_documented_param_is_parsed():
         "unreachable",
         "phantom_rate",
         "gdr_write_fail_rate",
+        "mexist_miss",
         "seed",
     }
 
@@ -335,6 +336,7 @@ def test_unknown_param_suggests_the_closest_one():
         ("key_fail_rate=-0.1", "key_fail_rate"),
         ("phantom_rate=often", "phantom_rate"),
         ("gdr_write_fail_rate=2", "gdr_write_fail_rate"),
+        ("mexist_miss=partial", "mexist_miss"),
         ("latency=5", "latency"),
         ("capacity=lots", "capacity"),
         ("max_value=4XB", "max_value"),

@@ -286,7 +286,8 @@ class Client:
                 codes.append(StatusCode.SUCCESS)
             else:
                 codes.append(StatusCode.KEY_NOT_EXIST)
-        return overall_status(codes), Outcome(codes)
+        status = overall_status(codes) if store.mexist_miss == "failed" else StatusCode.SUCCESS
+        return status, Outcome(codes)
 
     def mdel(self, keys: Sequence[str], option: DelOption | None = None) -> tuple[StatusCode, Outcome]:
         option = option or DelOption()
