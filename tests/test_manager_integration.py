@@ -71,6 +71,7 @@ def test_deleted_block_in_the_middle_reloads_only_the_prefix(manager):
     assert exact
 
 
+@pytest.mark.usefixtures("mexist_miss")
 def test_missing_first_block_reloads_nothing(manager):
     query = tokens(10, seed=3)
     offload(manager, query, seed=3)
