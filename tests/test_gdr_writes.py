@@ -38,11 +38,14 @@ def mset_flags(monkeypatch) -> list[list[bool]]:
     return calls
 
 
-def manager_on(monkeypatch, tmp_path, put_mode: str, gdr_write_fail_rate: float):
+def manager_on(monkeypatch, tmp_path, put_mode: str, gdr_write_fail_rate: float, **config):
     manager_env(monkeypatch)
+    # breaker_failures=1: a refusal must not count as EIC being down, or the re-send would not go out.
+    settings = dict(put_mode=put_mode, put_registered=True, batch_keys=8, retry_attempts=0, breaker_failures=1,
+                    eic_kv_ns=f"gdr-{uuid.uuid4().hex[:8]}")  # fmt: skip
+    settings.update(config)
     use_config(monkeypatch, tmp_path, remote_url=f"local://gdr?gdr_write_fail_rate={gdr_write_fail_rate}&seed=3",
-               put_mode=put_mode, put_registered=True, batch_keys=8, retry_attempts=0,
-               eic_kv_ns=f"gdr-{uuid.uuid4().hex[:8]}")  # fmt: skip
+               **settings)  # fmt: skip
     return make_manager(block_spec())
 
 
@@ -88,5 +91,30 @@ def test_only_the_refused_keys_are_re_sent(monkeypatch, tmp_path, mset_flags):
         refused = sum(len(flags) for flags in resends)
         assert 0 < refused < NBLOCKS * 4
         assert cache._l2_cache._backend.health()["gdr_resends"] == refused
+    finally:
+        cache.close()
+
+
+def test_retries_of_refused_keys_stay_unregistered(monkeypatch, tmp_path, mset_flags):
+    """The unregistered re-send fails in transit; the ordinary retry that
+    follows must not go back to the registered path."""
+    cache = manager_on(monkeypatch, tmp_path, "direct", 1.0, retry_attempts=1, breaker_failures=5)
+    spied = engine.Client.mset  # the mset_flags spy
+
+    def resend_fails_in_transit(self, keys, vals, option):
+        reply = spied(self, keys, vals, option)
+        if len(mset_flags) == 2:  # the re-send: nothing stored, every key FAILED
+            self._store.delete_many(option.ns, list(keys))
+            return engine.StatusCode.FAILED, engine.Outcome([engine.StatusCode.FAILED] * len(keys))
+        return reply
+
+    monkeypatch.setattr(engine.Client, "mset", resend_fails_in_transit)
+    try:
+        query = tokens(NBLOCKS, seed=3)
+        assert send(cache, query, seed=3).is_ok()
+        assert receive(cache, query, seed=3) == (NBLOCKS * BLOCK_NTOKENS, True)
+        assert mset_flags == [[True] * NBLOCKS, [False] * NBLOCKS, [False] * NBLOCKS]
+        health = cache._l2_cache._backend.health()
+        assert (health["gdr_resends"], health["retries"]) == (NBLOCKS, NBLOCKS)
     finally:
         cache.close()
