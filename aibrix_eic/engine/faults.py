@@ -3,8 +3,8 @@
 Each knob models a way a real EIC fails: slow calls, whole calls that fail,
 per-key failures inside a PARTIAL_FAILED reply, registered (GDR) writes
 refused with GDR_TRANSFER_ERROR, an unreachable cluster, and mexist hits that
-mget cannot deliver. Knobs are plain attributes, so tests
-flip them while a workload runs.
+mget cannot deliver. Knobs are plain attributes, so tests flip them while a
+workload runs.
 """
 
 import random
