@@ -68,7 +68,7 @@ class EICConfig:
     warmup_keys: int = 64
     warmup_timeout_ms: float = 1000.0
     require_registration: bool = False
-    put_registered: bool = True
+    put_registered: bool = False
     max_value_bytes: int = 4 * 1024 * 1024
     block_nbytes: int | None = None
     metrics: bool = True  # Prometheus series, see metrics.py

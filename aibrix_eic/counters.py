@@ -12,6 +12,8 @@ class Counters:
     FIELDS = (
         "gets", "get_blocks", "get_hits", "get_errors", "get_timeouts", "puts", "put_blocks", "put_failures",
         "exists", "exists_calls", "deletes", "retries", "timeouts", "fast_fails", "invalid",
+        # put keys refused with GDR_TRANSFER_ERROR and re-sent unregistered
+        "gdr_resends",
         # write-behind: blocks accepted early, puts that waited (past the byte
         # bound), flush rounds, accepted blocks lost, blocks read from pending
         "write_behind_blocks", "write_behind_waits", "write_behind_flushes", "write_behind_lost",

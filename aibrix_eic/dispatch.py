@@ -64,13 +64,15 @@ class Operation:
     retryable: Callable[[list[Outcome]], list[int]]
     metadata: bool = False  # on the small metadata pool, not the data pool
     priority: int = GET_PRIORITY
+    resend_unregistered: bool = False  # keys refused with GDR_TRANSFER_ERROR go again unregistered
 
     def timeout_ms(self, config: EICConfig) -> float:
         return getattr(config, f"{self.name}_timeout_ms")
 
 
 GET = Operation("get", lambda client, keys, buffers: client.mget(keys, buffers), failed_before_first_miss)
-PUT = Operation("put", lambda client, keys, buffers: client.mset(keys, buffers), failed, priority=PUT_PRIORITY)
+PUT = Operation("put", lambda client, keys, buffers: client.mset(keys, buffers), failed, priority=PUT_PRIORITY,
+                resend_unregistered=True)  # fmt: skip
 DELETE = Operation("delete", lambda client, keys, _: client.mdel(keys), failed, metadata=True)
 
 
@@ -157,6 +159,8 @@ class Dispatcher:
         the retry budget, the deadline and the breaker allow."""
         link = self._link
         result = link.call(op.name, op.call, client, chunk.keys, chunk.buffers)
+        if result.gdr_refused and op.resend_unregistered:
+            result = self._resend_unregistered(op, client, chunk, None, result, deadline)
         outcomes, detail = list(result.outcomes), result.detail
         for attempt in range(1, self._config.retry_attempts + 1):
             again = op.retryable(outcomes)
@@ -169,8 +173,39 @@ class Dispatcher:
             self._counters.add(retries=len(again))
             buffers = [chunk.buffers[i] for i in again] if chunk.buffers else []
             result = link.call(op.name, op.call, client, [chunk.keys[i] for i in again], buffers)
+            if result.gdr_refused and op.resend_unregistered:
+                result = self._resend_unregistered(op, client, chunk, again, result, deadline)
             for j, i in enumerate(again):
                 outcomes[i] = result.outcomes[j]
             detail = result.detail
         chunk.detail = detail
         chunk.outcomes = outcomes  # last: readers take outcomes as "call finished"
+
+    def _resend_unregistered(self, op: Operation, client: SdkClient, chunk: Chunk, sent: list[int] | None,
+                             result: CallResult, deadline: Deadline) -> CallResult:  # fmt: skip
+        """Send again, at once and unregistered, the registered writes of
+        `result` (for the chunk's keys at `sent`, None for all) that EIC
+        refused with GDR_TRANSFER_ERROR: the registered transfer path failed,
+        not the store. Their later retries stay unregistered too."""
+        positions = []  # into result
+        for j in result.gdr_refused:
+            i = j if sent is None else sent[j]
+            addr, nbytes, registered = chunk.buffers[i]
+            if registered:
+                chunk.buffers[i] = (addr, nbytes, False)
+                positions.append(j)
+        if not positions or self._link.breaker.tripped or deadline.expired():
+            return result
+        indices = positions if sent is None else [sent[j] for j in positions]
+        self._counters.add(gdr_resends=len(indices))
+        self._rate_log.log("gdr-resend", logging.WARNING,
+                           "EIC refused %d registered writes with GDR_TRANSFER_ERROR; re-sending them unregistered "
+                           "(put_registered: false skips the registered attempt)", len(indices))  # fmt: skip
+        resent = self._link.call(
+            op.name, op.call, client, [chunk.keys[i] for i in indices], [chunk.buffers[i] for i in indices]
+        )
+        outcomes = list(result.outcomes)
+        for k, j in enumerate(positions):
+            outcomes[j] = resent.outcomes[k]
+        detail = f"{result.detail}; re-sent unregistered: {resent.detail}"
+        return CallResult(outcomes, result.whole_call_failed and resent.whole_call_failed, detail)

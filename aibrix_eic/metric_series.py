@@ -70,6 +70,10 @@ class _Families:
             (*LABELS, "op"), buckets=LATENCY_BUCKETS,
         )  # fmt: skip
         self.retries = Counter("aibrix_eic_retries", "Keys re-sent after failing in transit.", LABELS)
+        self.gdr_resends = Counter(
+            "aibrix_eic_gdr_resends", "Put keys refused as registered writes (GDR_TRANSFER_ERROR), re-sent unregistered.",
+            LABELS,
+        )  # fmt: skip
         self.timeouts = Counter(
             "aibrix_eic_deadline_timeouts", "Requests (or exists rounds) whose deadline passed.", LABELS
         )

@@ -76,6 +76,7 @@ class ConnectorMetrics:
         self._bytes_in = f.bytes.labels(*labels, "in")
         self._bytes_out = f.bytes.labels(*labels, "out")
         self._retries = f.retries.labels(*labels)
+        self._gdr_resends = f.gdr_resends.labels(*labels)
         self._timeouts = f.timeouts.labels(*labels)
         self._breaker_open = f.breaker_open.labels(*labels)
         self._breaker_trips = f.breaker_trips.labels(*labels)
@@ -97,7 +98,8 @@ class ConnectorMetrics:
         self.pending_bytes: Callable[[], int] | None = None  # set by the connector; read by the sampler
         # Counters fields that map one to one onto a series.
         self._plain = {"retries": self._retries, "timeouts": self._timeouts, "write_behind_waits": self._wb_waits,
-                       "write_behind_flushes": self._wb_flushes, **self._wb_blocks}  # fmt: skip
+                       "write_behind_flushes": self._wb_flushes, "gdr_resends": self._gdr_resends,
+                       **self._wb_blocks}  # fmt: skip
         self._registered = f.registered_bytes.labels(*labels)
         self._breaker_open.set(0)
         self._registered.set(0)

@@ -7,6 +7,7 @@ come back as CallResult: one HIT/MISS/FAIL per key plus whether the call as a
 whole failed, which is what the connector's retry and breaker logic need.
 """
 
+import dataclasses
 import enum
 import importlib
 import os
@@ -68,6 +69,9 @@ class CallResult:
     outcomes: list[Outcome]  # one per key, in order
     whole_call_failed: bool  # every key FAIL: a sign the service is down
     detail: str  # what the SDK said, for logs and error messages
+    # mset keys refused with GDR_TRANSFER_ERROR: their registered transfer
+    # failed, and the same bytes sent unregistered may pass (dispatch.py)
+    gdr_refused: tuple[int, ...] = ()
 
 
 class SdkClient:
@@ -78,6 +82,7 @@ class SdkClient:
         self._client = client
         self._success = module.StatusCode.SUCCESS
         self._key_not_exist = module.StatusCode.KEY_NOT_EXIST
+        self._gdr_transfer_error = getattr(module.StatusCode, "GDR_TRANSFER_ERROR", None)
         self._rejecting = frozenset(
             getattr(module.StatusCode, name) for name in _REJECTING_CODE_NAMES if hasattr(module.StatusCode, name)
         )
@@ -162,7 +167,22 @@ class SdkClient:
             status, outcome = self._client.mset(self._keys(keys), self._buffers(buffers), self._set_option)
         except Exception as e:
             return CallResult([FAIL] * len(keys), True, f"mset raised {e!r}")
-        return self._interpret("mset", status, outcome, len(keys))
+        return self._with_gdr_refusals(self._interpret("mset", status, outcome, len(keys)), outcome)
+
+    def _with_gdr_refusals(self, result: CallResult, outcome) -> CallResult:
+        """Note the keys refused with GDR_TRANSFER_ERROR. A reply naming that
+        code answered per key, so it is no sign that EIC is down."""
+        if FAIL not in result.outcomes or self._gdr_transfer_error is None:
+            return result
+        codes = list(getattr(outcome, "status_codes", None) or [])
+        if len(codes) != len(result.outcomes):
+            return result
+        refused = tuple(
+            i for i, code in enumerate(codes) if code == self._gdr_transfer_error and result.outcomes[i] == FAIL
+        )
+        if not refused:
+            return result
+        return dataclasses.replace(result, whole_call_failed=False, gdr_refused=refused)
 
     def mget(self, keys: Sequence[str], buffers: Sequence[tuple[int, int, bool]]) -> CallResult:
         try:

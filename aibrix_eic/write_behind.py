@@ -79,8 +79,7 @@ class WriteBehind:
 
     def abandon(self) -> None:
         """close() for a finalizer: never blocks; see Flusher.abandon."""
-        if self.enabled:
-            self._flusher.abandon()
+        self._flusher.abandon()  # it runs in every put_mode (start)
 
     @property
     def active(self) -> bool:

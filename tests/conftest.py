@@ -53,6 +53,17 @@ def fresh_engine(monkeypatch):
     reset_stores()
 
 
+@pytest.fixture(params=["success", "failed"])
+def mexist_miss(request, monkeypatch) -> str:
+    """Run the test under both readings of an mexist that finds keys absent
+    (SUCCESS, or PARTIAL_FAILED/FAILED; docs/engine.md): every engine store
+    of the test answers that way."""
+    from aibrix_eic.engine import Store
+
+    monkeypatch.setattr(Store, "mexist_miss", request.param)
+    return request.param
+
+
 @dataclass
 class SdkTarget:
     """An SDK module plus what Client.init needs to reach a store."""

@@ -55,6 +55,7 @@ def test_put_then_get_returns_exact_bytes(make_l2):
     assert all(l2.matches(mr, seed=1, block_index=i) for i, mr in enumerate(mrs))
 
 
+@pytest.mark.usefixtures("mexist_miss")
 def test_exists_counts_stored_blocks(make_l2):
     l2 = make_l2()
     query = tokens(10, seed=2)
@@ -95,6 +96,7 @@ def test_mput_and_mget_span_several_sdk_calls(make_l2, sdk_calls):
     assert sdk_calls["mget"] == [4] * 7 + [2]
 
 
+@pytest.mark.usefixtures("mexist_miss")
 def test_exists_of_one_l2cache_batch_is_one_mexist(make_l2, sdk_calls):
     l2 = make_l2(op_batch=8, warmup_keys=0)
     query = tokens(24, seed=6)
@@ -131,6 +133,7 @@ def test_mget_statuses_are_prefix_closed(make_l2):
     assert statuses[5].is_not_found()
 
 
+@pytest.mark.usefixtures("mexist_miss")
 def test_namespace_applies_to_set_get_exists_and_delete(make_l2, monkeypatch, tmp_path):
     tenant_a = make_l2(eic_kv_ns="tenant-a")
     query = tokens(6, seed=9)
@@ -198,6 +201,7 @@ def test_blocks_whose_size_differs_are_invalid(make_l2, layout):
     assert "blocks are 4096 bytes" in str(status.value)
 
 
+@pytest.mark.usefixtures("mexist_miss")
 def test_warm_up_is_one_bounded_round_trip(monkeypatch, tmp_path, sdk_calls):
     use_config(monkeypatch, tmp_path, remote_url="local://l2", warmup_keys=256)
     harness = L2Harness()

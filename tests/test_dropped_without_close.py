@@ -267,3 +267,17 @@ def test_managers_dropped_with_pending_writes_under_gc_threshold_one(l1_manager_
     gc.collect()
     assert all(ref() is None for ref in managers), "gc.collect() freed nothing: a collection is stuck"
     assert wait_until(lambda: len(connector_threads()) <= threads_before), [t.name for t in connector_threads()]
+
+
+def test_close_without_waiting_stops_every_thread_in_direct_mode_too():
+    """The flusher runs in every put_mode (it clears keys of direct puts that
+    outlived their deadline), so the no-wait close must stop it there too."""
+    threads_before = len(connector_threads())
+    rig = ConnectorRig(block_nbytes=BLOCK, remote_url="local://gc-direct", put_mode="direct").open()
+    try:
+        assert rig.conn.close(wait=False).is_ok()
+        assert wait_until(lambda: len(connector_threads()) <= threads_before), (
+            f"connector threads still alive: {[t.name for t in connector_threads()]}"
+        )
+    finally:
+        rig.close()

@@ -217,10 +217,34 @@ def test_mexist_reports_each_key(session):
     status, exist_codes = session.exist(["here", "not-here", "here"])
     assert exist_codes[0] == codes.SUCCESS and exist_codes[2] == codes.SUCCESS
     assert exist_codes[1] != codes.SUCCESS
-    if session.target.is_engine:
-        # Strict readings (docs/engine.md): the SDK's are unknown.
-        assert status == codes.PARTIAL_FAILED
-        assert exist_codes[1] == codes.KEY_NOT_EXIST
+    # Either reading of a miss (docs/engine.md): callers must handle both.
+    assert status in (codes.SUCCESS, codes.PARTIAL_FAILED)
+    status, exist_codes = session.exist(["not-here", "nor-here"])
+    assert status in (codes.SUCCESS, codes.FAILED)
+    assert codes.SUCCESS not in exist_codes
+
+
+@pytest.mark.parametrize(
+    "reading, some_missing, all_missing",
+    [("", "SUCCESS", "SUCCESS"), ("?mexist_miss=success", "SUCCESS", "SUCCESS"),
+     ("?mexist_miss=failed", "PARTIAL_FAILED", "FAILED")],
+    ids=["default", "success", "failed"],
+)  # fmt: skip
+def test_engine_mexist_status_for_missing_keys_follows_mexist_miss(engine_session, reading, some_missing, all_missing):
+    eic = engine_session.eic
+    target = engine_session.target
+    client = eic.Client()
+    assert client.init(target.instance_id, target.endpoint + reading, target.init_option()) == 0
+    session = Session(target, client)
+    session.set({"here": payload(3, 100)})
+    status, exist_codes = session.exist(["here", "not-here"])
+    assert (status, exist_codes) == (
+        getattr(eic.StatusCode, some_missing),
+        [eic.StatusCode.SUCCESS, eic.StatusCode.KEY_NOT_EXIST],
+    )
+    status, exist_codes = session.exist(["not-here", "nor-here"])
+    assert (status, exist_codes) == (getattr(eic.StatusCode, all_missing), [eic.StatusCode.KEY_NOT_EXIST] * 2)
+    assert session.exist(["here"])[0] == eic.StatusCode.SUCCESS
 
 
 def test_overwrite_wins(session):

@@ -194,6 +194,44 @@ def test_phantom_rate_only_invents_hits_for_missing_keys():
     assert 50 <= phantoms <= 150
 
 
+# ---------------------------------------------------------- gdr_write_fail_rate
+def registered_client(endpoint: str, arrays) -> eic.Client:
+    client = connect(endpoint)
+    assert client.register_memory(buffers(arrays, True), eic.MemoryInfo())
+    return client
+
+
+def buffers(arrays, registered: bool) -> eic.IOBuffers:
+    vals = eic.IOBuffers()
+    for array in arrays:
+        vals.append(array.ctypes.data, array.nbytes, registered)
+    return vals
+
+
+def test_gdr_write_fail_rate_refuses_registered_writes_only():
+    sources = [np.full(256, i, np.uint8) for i in range(4)]
+    dests = [np.zeros(256, np.uint8) for _ in sources]
+    client = registered_client("gdr?gdr_write_fail_rate=1", sources + dests)
+    status, outcome = client.mset(keys(names(4)), buffers(sources, True), eic.SetOption())
+    assert (status, list(outcome.status_codes)) == (FAILED, [eic.StatusCode.GDR_TRANSFER_ERROR] * 4)
+    assert len(get_store("gdr")) == 0
+    # The same memory passed as unregistered is stored; registered reads are not affected.
+    assert client.mset(keys(names(4)), buffers(sources, False), eic.SetOption())[0] == SUCCESS
+    status, _, outcome = client.mget(keys(names(4)), eic.GetOption(), buffers(dests, True))
+    assert status == SUCCESS and [a.tobytes() for a in dests] == [a.tobytes() for a in sources]
+
+
+def test_gdr_write_failures_are_per_key_inside_partial_failed():
+    sources = [np.full(64, i, np.uint8) for i in range(100)]
+    client = registered_client("gdr-half?gdr_write_fail_rate=0.5&seed=2", sources)
+    status, outcome = client.mset(keys(names(100)), buffers(sources, True), eic.SetOption())
+    codes = list(outcome.status_codes)
+    assert status == PARTIAL_FAILED and set(codes) == {SUCCESS, eic.StatusCode.GDR_TRANSFER_ERROR}
+    get_store("gdr-half").faults.gdr_write_fail_rate = 0.0
+    # Exactly the keys reported SUCCESS were stored.
+    assert mexist(client, names(100))[1] == [SUCCESS if c == SUCCESS else KEY_NOT_EXIST for c in codes]
+
+
 # ---------------------------------------------------------------------- seeds
 def _key_codes_for(seed: int) -> list:
     client = connect(f"seeded-{seed}?key_fail_rate=0.3&seed={seed}")
@@ -217,15 +255,10 @@ def test_reseeding_replays_the_sequence():
 
 
 def test_clearing_faults_keeps_the_seed():
-    faults = Faults(latency_s=1.0, fail_rate=0.5, key_fail_rate=0.5, unreachable=True, phantom_rate=0.5, seed=8)
+    faults = Faults(latency_s=1.0, fail_rate=0.5, key_fail_rate=0.5, unreachable=True, phantom_rate=0.5,
+                    gdr_write_fail_rate=0.5, seed=8)  # fmt: skip
     faults.clear()
-    assert (faults.latency_s, faults.fail_rate, faults.key_fail_rate, faults.unreachable, faults.phantom_rate) == (
-        0.0,
-        0.0,
-        0.0,
-        False,
-        0.0,
-    )
+    assert faults == Faults(seed=8)
     assert faults.seed == 8
 
 
@@ -283,6 +316,8 @@ def test_every_documented_param_is_parsed():
         "key_fail_rate",
         "unreachable",
         "phantom_rate",
+        "gdr_write_fail_rate",
+        "mexist_miss",
         "seed",
     }
 
@@ -300,6 +335,8 @@ def test_unknown_param_suggests_the_closest_one():
         ("fail_rate=1.5", "fail_rate"),
         ("key_fail_rate=-0.1", "key_fail_rate"),
         ("phantom_rate=often", "phantom_rate"),
+        ("gdr_write_fail_rate=2", "gdr_write_fail_rate"),
+        ("mexist_miss=partial", "mexist_miss"),
         ("latency=5", "latency"),
         ("capacity=lots", "capacity"),
         ("max_value=4XB", "max_value"),

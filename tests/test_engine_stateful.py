@@ -136,7 +136,8 @@ class EngineAgainstModel(RuleBasedStateMachine):
         status, outcome = self.client.mexist(eic.StringVector(keys), option)
         expected = [Code.SUCCESS if (ns, key) in self.model else Code.KEY_NOT_EXIST for key in keys]
         assert list(outcome.status_codes) == expected
-        assert status == overall(expected)
+        # A miss is no failure of mexist unless the store reads it so (docs/engine.md).
+        assert status == (overall(expected) if self.store.mexist_miss == "failed" else Code.SUCCESS)
 
     @rule(ns=NAMESPACES, keys=st.lists(KEYS, min_size=1, max_size=5))
     def mdel(self, ns, keys):

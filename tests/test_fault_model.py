@@ -2,8 +2,8 @@
 
 A hypothesis state machine drives EICConnector against a dict model while
 switching every fault knob of the engine at random: latency past the
-deadline, whole-call FAILED, per-key PARTIAL_FAILED, unreachable, phantom
-exists. Invariant: every get reported OK returned exactly the bytes of the
+deadline, whole-call FAILED, per-key PARTIAL_FAILED, registered writes
+refused with GDR_TRANSFER_ERROR, unreachable, phantom exists. Invariant: every get reported OK returned exactly the bytes of the
 last put of that key that may have been stored. The machine runs once per
 put_mode: with write-behind a put reported OK is a put whose value every
 later get must return or miss, even while it is queued, in flight, failing
@@ -18,6 +18,7 @@ can never land after a later step; that keeps the model exact. With queued
 puts it does not wait (only the `settle` rule lets the queue drain): there
 the queue's per-key ordering is what must keep the model exact. Misses are
 always allowed: losing cache entries is fine, serving wrong KV is not.
+Both readings of an mexist that finds keys absent (docs/engine.md) are run.
 """
 
 import itertools
@@ -30,7 +31,7 @@ from connector_tools import ConnectorRig
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
-from aibrix_eic.engine import get_store, reset_stores
+from aibrix_eic.engine import Store, get_store, reset_stores
 
 KEYS = [bytes([i]) * 16 for i in range(4)]
 BLOCK = 2048
@@ -64,7 +65,9 @@ class FaultyConnectorMachine(RuleBasedStateMachine):
             retry_backoff_max_ms=2,
             breaker_failures=3,
             probe_interval_s=0.02,
+            put_registered=True,  # so gdr_write_fail_rate bites
         ).open()
+        assert self.rig.conn.register_slabs(self.rig.allocator.slabs).is_ok()
         self.store = get_store(self._store_name())
         # key -> the values a successful get may return
         self.acceptable: dict[bytes, set[bytes]] = {}
@@ -81,7 +84,7 @@ class FaultyConnectorMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         health = self.rig.conn.health()
-        for name in ("timeouts", "breaker_trips", "retries", "fast_fails"):
+        for name in ("timeouts", "breaker_trips", "retries", "fast_fails", "gdr_resends"):
             _count(name, health[name])
         self.store.faults.clear()
         self.rig.close()
@@ -108,12 +111,14 @@ class FaultyConnectorMachine(RuleBasedStateMachine):
         key_fail_rate=st.sampled_from([0.0, 0.0, 0.3]),
         unreachable=st.sampled_from([False, False, False, True]),
         phantom_rate=st.sampled_from([0.0, 0.5]),
+        gdr_write_fail_rate=st.sampled_from([0.0, 0.0, 0.5, 1.0]),
     )
-    def set_faults(self, latency_ms, fail_rate, key_fail_rate, unreachable, phantom_rate) -> None:
-        self._apply_faults(latency_ms, fail_rate, key_fail_rate, unreachable, phantom_rate)
+    def set_faults(self, latency_ms, fail_rate, key_fail_rate, unreachable, phantom_rate, gdr_write_fail_rate) -> None:
+        self._apply_faults(latency_ms, fail_rate, key_fail_rate, unreachable, phantom_rate, gdr_write_fail_rate)
 
-    def _apply_faults(self, latency_ms, fail_rate, key_fail_rate, unreachable, phantom_rate) -> None:
+    def _apply_faults(self, latency_ms, fail_rate, key_fail_rate, unreachable, phantom_rate, gdr_write_fail_rate):
         faults = self.store.faults
+        faults.gdr_write_fail_rate = gdr_write_fail_rate
         faults.latency_s = latency_ms / 1000
         faults.fail_rate = fail_rate
         faults.key_fail_rate = key_fail_rate
@@ -191,9 +196,10 @@ class QueuedPutsMachine(FaultyConnectorMachine):
         key_fail_rate=st.sampled_from([0.0, 0.0, 0.3]),
         unreachable=st.sampled_from([False, False, False, True]),
         phantom_rate=st.sampled_from([0.0, 0.5]),
+        gdr_write_fail_rate=st.sampled_from([0.0, 0.0, 0.5, 1.0]),
     )
-    def set_faults(self, latency_ms, fail_rate, key_fail_rate, unreachable, phantom_rate) -> None:
-        self._apply_faults(latency_ms, fail_rate, key_fail_rate, unreachable, phantom_rate)
+    def set_faults(self, latency_ms, fail_rate, key_fail_rate, unreachable, phantom_rate, gdr_write_fail_rate) -> None:
+        self._apply_faults(latency_ms, fail_rate, key_fail_rate, unreachable, phantom_rate, gdr_write_fail_rate)
 
     def _step(self) -> None:
         # No quiesce: writes stay queued or in flight across steps, and the
@@ -229,9 +235,16 @@ class CoalesceMachine(QueuedPutsMachine):
     PUT_MODE: ClassVar[dict] = {"put_mode": "coalesce"}
 
 
-@pytest.mark.parametrize("machine", [FaultyConnectorMachine, WriteBehindMachine, CoalesceMachine],
-                         ids=["direct", "write_behind", "coalesce"])  # fmt: skip
-def test_connector_never_serves_wrong_bytes_under_faults(machine):
+# The mexist reading only changes exists and the breaker's probes, the same
+# code in every put mode: coalesce runs under the default reading only.
+@pytest.mark.parametrize(
+    "machine, mexist_miss",
+    [(FaultyConnectorMachine, "success"), (FaultyConnectorMachine, "failed"), (WriteBehindMachine, "success"),
+     (WriteBehindMachine, "failed"), (CoalesceMachine, "success")],
+    ids=["direct", "direct-mexist_miss_failed", "write_behind", "write_behind-mexist_miss_failed", "coalesce"],
+)  # fmt: skip
+def test_connector_never_serves_wrong_bytes_under_faults(machine, mexist_miss, monkeypatch):
+    monkeypatch.setattr(Store, "mexist_miss", mexist_miss)
     COVERAGE.clear()
     run_state_machine_as_test(
         machine,
@@ -246,7 +259,7 @@ def test_connector_never_serves_wrong_bytes_under_faults(machine):
     assert COVERAGE["steps"] >= 1000, COVERAGE
     # Queued puts make partial gets depend on thread timing (not on the seed),
     # so those machines do not require one; test_write_behind.py has a fixed one.
-    required = ("ok_gets_checked", "timeouts", "breaker_trips", "retries", "fast_fails")
+    required = ("ok_gets_checked", "timeouts", "breaker_trips", "retries", "fast_fails", "gdr_resends")
     if machine is FaultyConnectorMachine:
         required += ("partial_gets",)
     for exercised in required:

@@ -32,6 +32,7 @@ def clients(monkeypatch) -> list[weakref.ref]:
     return built
 
 
+@pytest.mark.usefixtures("mexist_miss")
 def test_hits_resume_within_two_probe_intervals_after_a_hang_that_filled_the_pool():
     rig = ConnectorRig(
         remote_url="local://hang-recovery", eic_thread_num=DATA_THREADS, batch_keys=1, put_mode="direct",

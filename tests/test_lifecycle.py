@@ -2,6 +2,7 @@
 
 import time
 
+import pytest
 import torch
 from connector_tools import ConnectorRig
 
@@ -73,6 +74,7 @@ def engine_failure(nkeys):
     return CallResult([FAIL] * nkeys, True, "mexist FAILED (test)")
 
 
+@pytest.mark.usefixtures("mexist_miss")
 def test_close_answers_exists_calls_still_queued():
     """close() cancels queued mexist calls; their callers must still get an
     answer instead of waiting forever."""
@@ -95,6 +97,7 @@ def test_close_answers_exists_calls_still_queued():
         rig.close()
 
 
+@pytest.mark.usefixtures("mexist_miss")
 def test_an_event_loop_closed_before_its_exists_flush_is_not_kept():
     import asyncio
     import gc

@@ -71,6 +71,7 @@ def test_deleted_block_in_the_middle_reloads_only_the_prefix(manager):
     assert exact
 
 
+@pytest.mark.usefixtures("mexist_miss")
 def test_missing_first_block_reloads_nothing(manager):
     query = tokens(10, seed=3)
     offload(manager, query, seed=3)
@@ -81,10 +82,12 @@ def test_missing_first_block_reloads_nothing(manager):
     assert manager.exists(None, query).is_not_found()
 
 
-def test_registered_buffers_are_passed_as_registered(manager, monkeypatch):
+def spy_registered_flags(monkeypatch) -> tuple[list[bool], list[bool]]:
+    """The `registered` flags of every engine mset and mget buffer."""
     import aibrix_eic.engine as engine
 
-    put_flags, get_flags = [], []
+    put_flags: list[bool] = []
+    get_flags: list[bool] = []
     original_mset, original_mget = engine.Client.mset, engine.Client.mget
 
     def spy_mset(self, keys, vals, option):
@@ -97,9 +100,29 @@ def test_registered_buffers_are_passed_as_registered(manager, monkeypatch):
 
     monkeypatch.setattr(engine.Client, "mset", spy_mset)
     monkeypatch.setattr(engine.Client, "mget", spy_mget)
+    return put_flags, get_flags
+
+
+def test_registered_buffers_are_read_registered_and_written_unregistered(manager, monkeypatch):
+    put_flags, get_flags = spy_registered_flags(monkeypatch)
     query = tokens(4, seed=4)
     offload(manager, query, seed=4)
     wait_flushed(manager)  # the reload must come from EIC, not from the pending writes
     assert reload(manager, query, seed=4) == (4 * BLOCK_NTOKENS, True)
-    assert put_flags == [True] * 4
+    assert put_flags == [False] * 4  # put_registered defaults to false, as upstream wrote
     assert get_flags == [True] * 4
+
+
+def test_put_registered_passes_registered_put_buffers_as_registered(monkeypatch, tmp_path):
+    manager_env(monkeypatch)
+    use_config(monkeypatch, tmp_path, remote_url="local://mgr", put_registered=True)
+    cache = make_manager(block_spec())
+    try:
+        put_flags, _ = spy_registered_flags(monkeypatch)
+        query = tokens(4, seed=5)
+        offload(cache, query, seed=5)
+        wait_flushed(cache)
+        assert reload(cache, query, seed=5) == (4 * BLOCK_NTOKENS, True)
+        assert put_flags == [True] * 4
+    finally:
+        cache.close()

@@ -65,6 +65,7 @@ def breaker_of(cache):
     return cache._l2_cache._backend.breaker
 
 
+@pytest.mark.usefixtures("mexist_miss")
 @pytest.mark.parametrize("failure", ["unreachable", "hanging"])
 def test_outage_gives_fast_misses_then_the_cache_returns_by_itself(manager, failure, caplog):
     store = get_store("outage")
@@ -105,6 +106,7 @@ def test_outage_gives_fast_misses_then_the_cache_returns_by_itself(manager, fail
     assert manager.exists(None, query).get() == 8 * BLOCK_NTOKENS
 
 
+@pytest.mark.usefixtures("mexist_miss")
 def test_open_with_eic_down_serves_misses_then_connects(monkeypatch, tmp_path):
     manager_env(monkeypatch)
     get_store("down-at-start").faults.unreachable = True

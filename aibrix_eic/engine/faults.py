@@ -1,9 +1,10 @@
 """Fault injection for the embedded engine: the ways a real EIC misbehaves.
 
 Each knob models a way a real EIC fails: slow calls, whole calls that fail,
-per-key failures inside a PARTIAL_FAILED reply, an unreachable cluster, and
-mexist hits that mget cannot deliver. Knobs are plain attributes, so tests
-flip them while a workload runs.
+per-key failures inside a PARTIAL_FAILED reply, registered (GDR) writes
+refused with GDR_TRANSFER_ERROR, an unreachable cluster, and mexist hits that
+mget cannot deliver. Knobs are plain attributes, so tests flip them while a
+workload runs.
 """
 
 import random
@@ -18,6 +19,7 @@ class Faults:
     key_fail_rate: float = 0.0  # chance each key fails inside PARTIAL_FAILED
     unreachable: bool = False  # init returns -1, every call returns FAILED
     phantom_rate: float = 0.0  # chance mexist reports a missing key present
+    gdr_write_fail_rate: float = 0.0  # chance each registered mset buffer gets GDR_TRANSFER_ERROR
     seed: int | None = None
     _rng: random.Random = field(init=False, repr=False, compare=False)
     _rng_lock: threading.Lock = field(init=False, repr=False, compare=False, default_factory=threading.Lock)
@@ -37,6 +39,7 @@ class Faults:
         self.key_fail_rate = 0.0
         self.unreachable = False
         self.phantom_rate = 0.0
+        self.gdr_write_fail_rate = 0.0
 
     def _chance(self, rate: float) -> bool:
         if rate <= 0.0:
@@ -49,6 +52,9 @@ class Faults:
 
     def key_fails(self) -> bool:
         return self._chance(self.key_fail_rate)
+
+    def gdr_write_fails(self) -> bool:
+        return self._chance(self.gdr_write_fail_rate)
 
     def phantom_hit(self) -> bool:
         return self._chance(self.phantom_rate)

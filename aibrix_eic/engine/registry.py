@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from ..units import exact_size_text, parse_duration, parse_size
-from .store import Store
+from .store import MEXIST_MISS_READINGS, Store
 
 # Upper bounds of the numeric parameters: far above any test or benchmark,
 # low enough that no value overflows a sleep or an allocation size.
@@ -67,6 +67,12 @@ def _parse_namespaces(text: str) -> list[str]:
     return [ns for ns in text.split(",")]
 
 
+def _parse_mexist_miss(text: str) -> str:
+    if text not in MEXIST_MISS_READINGS:
+        raise ValueError(f"expected one of {', '.join(MEXIST_MISS_READINGS)}, got {text!r}")
+    return text
+
+
 def _parse_seed(text: str) -> int:
     return int(text)
 
@@ -81,6 +87,8 @@ ENDPOINT_PARAMS: dict[str, Callable[[str], Any]] = {
     "key_fail_rate": _parse_rate,
     "unreachable": _parse_bool,
     "phantom_rate": _parse_rate,
+    "gdr_write_fail_rate": _parse_rate,
+    "mexist_miss": _parse_mexist_miss,
     "seed": _parse_seed,
 }
 
@@ -117,6 +125,8 @@ def apply_params(store: Store, params: dict[str, Any]) -> None:
         store.max_value_bytes = params["max_value"]
     if "namespaces" in params:
         store.namespaces = frozenset(params["namespaces"])
+    if "mexist_miss" in params:
+        store.mexist_miss = params["mexist_miss"]
     faults = store.faults
     if "latency" in params:
         faults.latency_s = params["latency"]
@@ -128,6 +138,8 @@ def apply_params(store: Store, params: dict[str, Any]) -> None:
         faults.unreachable = params["unreachable"]
     if "phantom_rate" in params:
         faults.phantom_rate = params["phantom_rate"]
+    if "gdr_write_fail_rate" in params:
+        faults.gdr_write_fail_rate = params["gdr_write_fail_rate"]
     if "seed" in params:
         faults.reseed(params["seed"])
 

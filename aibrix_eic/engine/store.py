@@ -65,8 +65,18 @@ class StoreStats:
     allocations: int = 0
 
 
+MEXIST_MISS_READINGS = ("success", "failed")
+
+
 class Store:
     """A capacity-bounded byte store shared by every Client bound to it."""
+
+    # How absent keys shape mexist's top-level status (docs/engine.md):
+    # "success" keeps it SUCCESS with KEY_NOT_EXIST per key, the reply public
+    # callers are written for; "failed" counts misses as failed keys
+    # (PARTIAL_FAILED, FAILED when every key misses). A class default, so a
+    # test can run everything under the other reading.
+    mexist_miss: str = "success"
 
     def __init__(
         self,

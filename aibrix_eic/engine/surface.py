@@ -199,14 +199,16 @@ class Client:
         return store
 
     def _screen(
-        self, store: Store, keys: Sequence[str], vals: IOBuffers, max_value_bytes: int | None
+        self, store: Store, keys: Sequence[str], vals: IOBuffers, max_value_bytes: int | None, writing: bool = False
     ) -> tuple[list[StatusCode], list[int], list[str], list[tuple[int, int]]]:
         """Per-key checks before the store is touched: bad buffers, memory not
-        registered, oversize values, injected key failures. Returns the codes
-        so far and the (index, key, (addr, length)) of keys that may proceed."""
+        registered, oversize values, injected GDR and key failures. Returns
+        the codes so far and the (index, key, (addr, length)) of keys that
+        may proceed."""
         codes = [StatusCode.SUCCESS] * len(keys)
         faults = store.faults
         inject = faults.key_fail_rate > 0
+        inject_gdr = writing and faults.gdr_write_fail_rate > 0
         is_registered = self._is_registered
         todo_index: list[int] = []
         todo_keys: list[str] = []
@@ -218,6 +220,8 @@ class Client:
                 codes[i] = StatusCode.MEMORY_NOT_REGISTERED
             elif max_value_bytes is not None and length > max_value_bytes:
                 codes[i] = StatusCode.VALUE_TOO_LARGE
+            elif inject_gdr and registered and faults.gdr_write_fails():
+                codes[i] = StatusCode.GDR_TRANSFER_ERROR
             elif inject and faults.key_fails():
                 codes[i] = StatusCode.FAILED
             else:
@@ -241,7 +245,9 @@ class Client:
         store = self._begin_call(keys, option.ns)
         if not isinstance(store, Store):
             return store
-        codes, todo_index, todo_keys, todo_buffers = self._screen(store, keys, vals, store.max_value_bytes)
+        codes, todo_index, todo_keys, todo_buffers = self._screen(
+            store, keys, vals, store.max_value_bytes, writing=True
+        )
         if todo_index:
             stored = store.put_many(
                 option.ns, todo_keys, todo_buffers, option.ttl_second, **self._on_device(todo_buffers)
@@ -298,7 +304,8 @@ class Client:
                 codes.append(StatusCode.SUCCESS)
             else:
                 codes.append(StatusCode.KEY_NOT_EXIST)
-        return overall_status(codes), Outcome(codes)
+        status = overall_status(codes) if store.mexist_miss == "failed" else StatusCode.SUCCESS
+        return status, Outcome(codes)
 
     def mdel(self, keys: Sequence[str], option: DelOption | None = None) -> tuple[StatusCode, Outcome]:
         option = option or DelOption()
