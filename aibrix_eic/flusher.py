@@ -1,6 +1,7 @@
 """The write-behind flusher: sends queued writes to EIC in rounds of batched
-msets, at most one round in flight, and re-deletes keys whose write failed
-(pending.py). Each entry leaves the table, and its region reference is
+msets, one drain taking rounds at a time (a round past put_timeout_ms is
+given up on, and a new drain may start while its calls still run), and
+re-deletes keys whose write failed (pending.py). Each entry leaves the table, and its region reference is
 released, only once the call that carried it has returned, or was cancelled
 before it started, so no SDK call ever touches a released region.
 
@@ -163,15 +164,13 @@ class Flusher:
                 if started is not None and now - started > self._round_timeout_s + TICK_S:
                     self._drain = None  # it stops after its round; a new drain carries on
                     overdue = True
-                stop = not self.running and (not self._closing or down or (not table.queued and self._drain is None))
+                stop = self._should_stop(down)
                 if stop:  # nothing is left queued, or running, once the watcher is gone (see abandon)
                     abandoned = table.drop_all_queued("pending write dropped: the connector closed", done)
                     lost += abandoned
                     self._drain = None
                 else:
-                    retry = now >= self._lost_retry_at
-                    wanted = (table.queued and (retry or table.seq != self._took_nothing_at)) or (table.lost and retry)
-                    if self._drain is None and wanted and not down:
+                    if self._drain is None and not down and self._has_sendable_work(now):
                         start_drain = self._drain = _Drain()
                     else:
                         table.wake_flusher.wait(TICK_S)
@@ -186,6 +185,25 @@ class Flusher:
                 return
             if start_drain is not None:
                 self._submit_drain(start_drain)
+
+    def _should_stop(self, down: bool) -> bool:
+        """Whether the watcher ends now (under the table lock): the connector
+        closed without waiting (abandon, or close's wait is over), or a
+        closing flush cannot go on (EIC down) or has nothing left to send."""
+        if self.running:
+            return False
+        return not self._closing or down or (not self._table.queued and self._drain is None)
+
+    def _has_sendable_work(self, now: float) -> bool:
+        """Whether a new drain would find something to send (under the table
+        lock): queued writes, unless the last drain found every one waiting
+        on a key in flight and nothing changed since (then once a tick), or
+        lost keys to re-delete, at most once a tick."""
+        table = self._table
+        retry = now >= self._lost_retry_at
+        if table.queued and (retry or table.seq != self._took_nothing_at):
+            return True
+        return bool(table.lost) and retry
 
     def _down(self) -> bool:
         return self._link.usable("data", count=False) is None
