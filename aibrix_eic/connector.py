@@ -31,7 +31,7 @@ from aibrix_kvcache.memory import MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes
 
 from . import live
-from .aibrix_compat import order_timeouts, restore_tokens, with_tokens
+from .aibrix_compat import order_timeouts
 from .checks import BlockChecker, InvalidRequest, check_lengths, eic_keys, slab_regions
 from .codec import KeyCodec
 from .config import ConfigError, EICConfig, warn_about_env
@@ -47,6 +47,7 @@ from .outcomes import DELETE_SKIPPED, FAST_MISS, OK, PUT_SKIPPED, request_outcom
 from .resilience import CircuitBreaker
 from .sdk import load_sdk_module
 from .teardown import close_may_wait
+from .tokens import restore_tokens, with_tokens
 from .write_behind import WriteBehind
 
 logger = logging.getLogger(__name__)

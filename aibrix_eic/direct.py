@@ -11,7 +11,6 @@ from typing import Any
 from aibrix_kvcache.memory import MemoryRegion
 from aibrix_kvcache.status import Status
 
-from .aibrix_compat import restore_tokens
 from .checks import BlockChecker, eic_keys
 from .codec import KeyCodec
 from .config import EICConfig
@@ -20,6 +19,7 @@ from .dispatch import DELETE, GET, PUT, Chunk, Dispatcher, OutlivedCall
 from .link import Link, Session
 from .outcomes import FAST_MISS, close_after, key_statuses, put_outcome, unloaded_reasons
 from .request_guard import hold, release
+from .tokens import restore_tokens
 
 
 class DirectRequests:
