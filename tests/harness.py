@@ -180,10 +180,16 @@ def make_manager(spec: KVCacheBlockSpec | None = None, max_tokens: int = 2048) -
     return BaseKVCacheManager(config=config)
 
 
+def connector_of(cache):
+    """The L2 connector of a cache manager or an L2Cache. AIBrix keeps it in
+    private attributes; this is the one place tests read them."""
+    return getattr(cache, "_l2_cache", cache)._backend
+
+
 def wait_flushed(cache, timeout: float = 10.0) -> None:
     """Wait until the manager's L2 connector has sent every accepted put to
     EIC, so that what follows reads EIC, not the connector's pending table."""
-    assert cache._l2_cache._backend.write_behind.wait_idle(timeout), f"write-behind did not flush within {timeout} s"
+    assert connector_of(cache).write_behind.wait_idle(timeout), f"write-behind did not flush within {timeout} s"
 
 
 def stall_next_get(monkeypatch, cache, let_go: threading.Event, max_stall_s: float):

@@ -15,7 +15,7 @@ import weakref
 
 import pytest
 from connector_tools import ConnectorRig
-from harness import block_spec, make_manager, send, tokens, use_config
+from harness import block_spec, connector_of, make_manager, send, tokens, use_config
 
 import aibrix_eic.engine as engine
 from aibrix_eic.engine import get_store
@@ -229,7 +229,7 @@ def test_a_manager_freed_by_a_collection_on_its_watcher_returns_and_lets_go(l1_m
     threads_before = len(connector_threads())
     cache = make_manager(l1_manager_env)
     assert send(cache, tokens(8, seed=1), seed=1).is_ok()
-    connector = cache._l2_cache._backend
+    connector = connector_of(cache)
     assert connector.health()["write_behind_pending"] > 0, "nothing pending: the test proves nothing"
     table = connector.write_behind.table
     table.drop_aged = collector = CollectOnce(table.drop_aged)

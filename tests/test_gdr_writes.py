@@ -8,6 +8,7 @@ import pytest
 from harness import (
     BLOCK_NTOKENS,
     block_spec,
+    connector_of,
     make_manager,
     manager_env,
     receive,
@@ -51,7 +52,7 @@ def manager_on(monkeypatch, tmp_path, put_mode: str, gdr_write_fail_rate: float,
 
 def gdr_resends_series(cache) -> float:
     """aibrix_eic_gdr_resends_total of this cache's connector (its namespace is unique)."""
-    namespace = cache._l2_cache._backend.health()["namespace"]
+    namespace = connector_of(cache).health()["namespace"]
     return sum(
         sample.value
         for metric in families().gdr_resends.collect()
@@ -71,7 +72,7 @@ def test_blocks_refused_as_registered_writes_are_stored_unregistered(monkeypatch
         assert receive(cache, query, seed=1) == (NBLOCKS * BLOCK_NTOKENS, True)
         # One registered mset (refused), then the same keys unregistered; no retry budget used.
         assert mset_flags == [[True] * NBLOCKS, [False] * NBLOCKS]
-        health = cache._l2_cache._backend.health()
+        health = connector_of(cache).health()
         assert health["gdr_resends"] == gdr_resends_series(cache) == NBLOCKS
         assert health["retries"] == 0 and health["put_failures"] == 0
         assert health["breaker"] == "closed" and health["consecutive_failures"] == 0
@@ -90,7 +91,7 @@ def test_only_the_refused_keys_are_re_sent(monkeypatch, tmp_path, mset_flags):
         assert len(first_calls) + len(resends) == len(mset_flags)
         refused = sum(len(flags) for flags in resends)
         assert 0 < refused < NBLOCKS * 4
-        assert cache._l2_cache._backend.health()["gdr_resends"] == refused
+        assert connector_of(cache).health()["gdr_resends"] == refused
     finally:
         cache.close()
 
@@ -114,7 +115,7 @@ def test_retries_of_refused_keys_stay_unregistered(monkeypatch, tmp_path, mset_f
         assert send(cache, query, seed=3).is_ok()
         assert receive(cache, query, seed=3) == (NBLOCKS * BLOCK_NTOKENS, True)
         assert mset_flags == [[True] * NBLOCKS, [False] * NBLOCKS, [False] * NBLOCKS]
-        health = cache._l2_cache._backend.health()
+        health = connector_of(cache).health()
         assert (health["gdr_resends"], health["retries"]) == (NBLOCKS, NBLOCKS)
     finally:
         cache.close()

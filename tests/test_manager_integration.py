@@ -6,6 +6,7 @@ from harness import (
     BLOCK_NTOKENS,
     block_layout,
     block_spec,
+    connector_of,
     make_manager,
     manager_env,
     receive,
@@ -29,10 +30,6 @@ def manager(request, monkeypatch, tmp_path):
             yield cache
         finally:
             cache.close()
-
-
-def connector_of(cache) -> EICConnector:
-    return cache._l2_cache._backend
 
 
 def offload(cache, query, seed: int) -> int:

@@ -14,6 +14,7 @@ from harness import (
     BLOCK_NTOKENS,
     block_layout,
     block_spec,
+    connector_of,
     make_manager,
     manager_env,
     send,
@@ -54,7 +55,7 @@ def stall_next_get(monkeypatch, cache):
 
 
 def mgets(cache) -> int:
-    return cache._l2_cache._backend.health()["gets"]
+    return connector_of(cache).health()["gets"]
 
 
 def test_a_get_running_after_aibrix_timed_out_never_writes_into_released_memory(manager, monkeypatch):
@@ -93,7 +94,7 @@ def test_a_get_running_after_aibrix_timed_out_never_frees_a_region_twice(manager
 def test_order_timeouts_is_opt_out_and_idempotent(manager, monkeypatch):
     from aibrix_kvcache import cache_manager
 
-    connector = manager._l2_cache._backend
+    connector = connector_of(manager)
     assert aibrix_compat.order_timeouts(connector) and aibrix_compat.order_timeouts(connector)
     assert isinstance(cache_manager.asyncio, aibrix_compat._AsyncioWithOrderedTimeouts)
     monkeypatch.setattr(cache_manager, "asyncio", aibrix_compat.asyncio)
@@ -102,7 +103,7 @@ def test_order_timeouts_is_opt_out_and_idempotent(manager, monkeypatch):
 
 
 def test_a_region_whose_last_reference_is_gone_is_refused_and_not_resurrected(manager):
-    connector = manager._l2_cache._backend
+    connector = connector_of(manager)
     query = tokens(1, seed=4)
     offload(manager, query, seed=4)
     mr = manager.allocate_for(None, query).get().memory_regions[0]

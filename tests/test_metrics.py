@@ -16,7 +16,17 @@ import uuid
 from collections import defaultdict
 
 import pytest
-from harness import BLOCK_NTOKENS, block_spec, make_manager, manager_env, receive, send, tokens, use_config
+from harness import (
+    BLOCK_NTOKENS,
+    block_spec,
+    connector_of,
+    make_manager,
+    manager_env,
+    receive,
+    send,
+    tokens,
+    use_config,
+)
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
@@ -149,7 +159,7 @@ def test_hit_miss_outage_and_recovery_move_their_series(scraped_manager):
     store = get_store("metrics")
     store.faults.unreachable = True
     deadline = time.monotonic() + 10
-    while not cache._l2_cache._backend.breaker.tripped:
+    while not connector_of(cache).breaker.tripped:
         assert time.monotonic() < deadline, "the breaker never opened"
         reload_tokens(cache, query)
     assert reload_tokens(cache, query) == 0  # a fast miss
@@ -175,7 +185,7 @@ def test_hit_miss_outage_and_recovery_move_their_series(scraped_manager):
     assert after.value("aibrix_eic_bytes_total", direction="in") == 2 * NBLOCKS * block_nbytes
 
     # The series and health() read the same numbers.
-    health = cache._l2_cache._backend.health()
+    health = connector_of(cache).health()
     requests = after.by("aibrix_eic_requests_total", "outcome", op="get")
     blocks = after.by("aibrix_eic_blocks_total", "outcome", op="get")
     assert sum(requests.values()) - requests.get("fast_fail", 0) - requests.get("invalid", 0) == health["gets"]
@@ -226,7 +236,7 @@ def test_labels_name_namespace_model_and_partition_never_a_key(scraped_manager):
     assert {"namespace", "model", "partition"} <= label_names
     assert label_names <= {"namespace", "model", "partition", "op", "outcome", "direction", "le"}
     partitions = {value for labels in ours for name, value in labels if name == "partition"}
-    conn_id = cache._l2_cache._backend.conn_id
+    conn_id = connector_of(cache).conn_id
     assert metrics.partition_of(conn_id) in partitions and metrics.partition_of(conn_id) != conn_id
 
 
@@ -240,7 +250,7 @@ def test_metrics_false_records_nothing(monkeypatch, tmp_path):
         assert reload_tokens(cache, tokens(2, seed=4)) == 2 * BLOCK_NTOKENS
         text = generate_latest().decode()
         assert namespace not in text
-        assert cache._l2_cache._backend.health()["get_hits"] == 2  # health() still counts
+        assert connector_of(cache).health()["get_hits"] == 2  # health() still counts
     finally:
         cache.close()
 
@@ -368,7 +378,7 @@ def test_write_behind_series_show_pending_bytes_and_lost_blocks(monkeypatch, tmp
                retry_attempts=0)  # fmt: skip
     cache = make_manager(block_spec())
     store = get_store("metrics-wbs")
-    write_behind = cache._l2_cache._backend.write_behind
+    write_behind = connector_of(cache).write_behind
     block_nbytes = cache.block_spec.block_nbytes
 
     def scrape() -> Scrape:

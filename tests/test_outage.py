@@ -9,6 +9,7 @@ import pytest
 from harness import (
     BLOCK_NTOKENS,
     block_spec,
+    connector_of,
     make_manager,
     manager_env,
     receive,
@@ -62,7 +63,7 @@ def timed(fn):
 
 
 def breaker_of(cache):
-    return cache._l2_cache._backend.breaker
+    return connector_of(cache).breaker
 
 
 @pytest.mark.usefixtures("mexist_miss")
@@ -116,7 +117,7 @@ def test_open_with_eic_down_serves_misses_then_connects(monkeypatch, tmp_path):
         query = tokens(4, seed=2)
         assert reload_tokens(cache, query) == 0
         assert breaker_of(cache).tripped
-        assert "init returned -1" in cache._l2_cache._backend.health()["breaker_reason"]
+        assert "init returned -1" in connector_of(cache).health()["breaker_reason"]
         get_store("down-at-start").faults.clear()
         deadline = time.monotonic() + PROBE_INTERVAL_S + 2.0
         while breaker_of(cache).tripped:
@@ -125,7 +126,7 @@ def test_open_with_eic_down_serves_misses_then_connects(monkeypatch, tmp_path):
         assert offload(cache, query, seed=2).is_ok()
         assert reload_tokens(cache, query) == 4 * BLOCK_NTOKENS
         # Slabs given to register_slabs while down were registered on connect.
-        connector = cache._l2_cache._backend
+        connector = connector_of(cache)
         assert connector.link.regions.all() and connector.link.session.regions == set(connector.link.regions.all())
     finally:
         get_store("down-at-start").faults.clear()

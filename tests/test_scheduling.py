@@ -6,7 +6,6 @@ import threading
 from connector_tools import ConnectorRig
 
 import aibrix_eic.engine as engine
-from aibrix_eic.engine import get_store
 from aibrix_eic.pool import GET_PRIORITY, PUT_PRIORITY, PriorityThreadPool
 
 
@@ -47,25 +46,39 @@ def test_get_overtakes_queued_puts(monkeypatch):
     # direct: asserts how the put's own calls queue; write-behind's counterpart is in test_write_behind.py
     rig = ConnectorRig(remote_url="local://sched", eic_thread_num=1, batch_keys=1, put_mode="direct").open()
     calls = []
-    for name in ("mset", "mget"):
-        original = getattr(engine.Client, name)
+    first_put_running = threading.Event()
+    original_mset, original_mget = engine.Client.mset, engine.Client.mget
 
-        def spy(self, *args, _original=original, _name=name):
-            calls.append(_name)
-            return _original(self, *args)
+    def mset(self, *args):
+        calls.append("mset")
+        if not first_put_running.is_set():
+            first_put_running.set()  # the one pool thread is here until the get is queued behind the puts
+            pool = rig.conn.link.data_pool
+            for _ in range(5000):
+                if pool.waiting_ahead_of(PUT_PRIORITY):
+                    break
+                threading.Event().wait(0.001)
+        return original_mset(self, *args)
 
-        monkeypatch.setattr(engine.Client, name, spy)
+    def mget(self, *args):
+        calls.append("mget")
+        return original_mget(self, *args)
+
     try:
         rig.run(rig.conn.mput([b"hot-key-00000000"], rig.filled([b"h" * 4096])))
+        first_put_running.set()  # only the request below waits for its get
         calls.clear()
-        get_store("sched").faults.latency_s = 0.02
+        first_put_running.clear()
+        monkeypatch.setattr(engine.Client, "mset", mset)
+        monkeypatch.setattr(engine.Client, "mget", mget)
         put_keys = [bytes([i]) * 16 for i in range(6)]
         put_mrs = rig.filled([bytes([i]) * 4096 for i in range(6)])
         get_mrs = rig.blocks(1)
 
         async def both():
             put_task = asyncio.ensure_future(rig.conn.mput(put_keys, put_mrs))
-            await asyncio.sleep(0.005)  # the first put chunk is on the thread
+            while not first_put_running.is_set():  # the first put chunk is on the thread
+                await asyncio.sleep(0.001)
             statuses = await rig.conn.mget([b"hot-key-00000000"], get_mrs)
             await put_task
             return statuses
@@ -73,7 +86,6 @@ def test_get_overtakes_queued_puts(monkeypatch):
         statuses = rig.run(both())
         assert statuses[0].is_ok()
         # One put chunk was already running; the get went next, not 6th.
-        assert calls.index("mget") == 1, calls
+        assert calls == ["mset", "mget"] + ["mset"] * 5, calls
     finally:
-        get_store("sched").faults.clear()
         rig.close()

@@ -12,7 +12,17 @@ import threading
 from concurrent.futures import Future
 
 import pytest
-from harness import BLOCK_NTOKENS, block_spec, make_manager, manager_env, send, stall_next_get, tokens, use_config
+from harness import (
+    BLOCK_NTOKENS,
+    block_spec,
+    connector_of,
+    make_manager,
+    manager_env,
+    send,
+    stall_next_get,
+    tokens,
+    use_config,
+)
 
 from aibrix_eic import aibrix_compat
 
@@ -36,7 +46,7 @@ def managers(monkeypatch, tmp_path):
         monkeypatch.setenv("AIBRIX_KV_CACHE_OL_L2_CACHE_BACKEND", "MOCK")
         built.append(make_manager(block_spec(), max_tokens=NBLOCKS * BLOCK_NTOKENS))
         eic, mock = built
-        assert eic._l2_cache._backend.name == "aibrix_eic" and mock._l2_cache._backend.name != "aibrix_eic"
+        assert connector_of(eic).name == "aibrix_eic" and connector_of(mock).name != "aibrix_eic"
         yield eic, mock
     finally:
         for cache in built:

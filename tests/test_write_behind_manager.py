@@ -11,6 +11,7 @@ import pytest
 from harness import (
     BLOCK_NTOKENS,
     block_spec,
+    connector_of,
     make_manager,
     pattern,
     receive,
@@ -67,10 +68,6 @@ def build(mode, monkeypatch, tmp_path):
         assert not violations, violations
 
 
-def conn(cache):
-    return cache._l2_cache._backend
-
-
 def offload(cache, query, seed: int) -> None:
     assert send(cache, query, seed).is_ok()
     if cache.ingestion == "HOT":  # a block reaches L2 when it is read again from L1
@@ -100,9 +97,9 @@ def evict_from_l1(cache, seed: int) -> None:
 
 def from_l2(cache, query, seed: int) -> tuple[int, bool]:
     """Reload, and check the blocks really came from L2 (EIC or pending)."""
-    before = conn(cache).health()
+    before = connector_of(cache).health()
     result = reload(cache, query, seed)
-    after = conn(cache).health()
+    after = connector_of(cache).health()
     read = (after["get_blocks"] - before["get_blocks"]) + (after["write_behind_served"] - before["write_behind_served"])
     assert read > 0, "the reload was served by L1: the test evicted nothing"
     return result
@@ -116,7 +113,7 @@ def test_reload_after_eviction_from_l1_is_bit_exact(build):
     cache = build()
     query = tokens(8, seed=1)
     offload(cache, query, seed=1)
-    assert conn(cache).write_behind.wait_idle(10)
+    assert connector_of(cache).write_behind.wait_idle(10)
     evict_from_l1(cache, seed=1)
     assert from_l2(cache, query, seed=1) == (8 * BLOCK_NTOKENS, True)
 
@@ -127,10 +124,10 @@ def test_read_your_writes_before_the_flush(build):
     query = tokens(8, seed=2)
     offload(cache, query, seed=2)
     evict_from_l1(cache, seed=2)
-    assert conn(cache).health()["write_behind_pending"] > 0, "nothing pending: the test proves nothing"
+    assert connector_of(cache).health()["write_behind_pending"] > 0, "nothing pending: the test proves nothing"
     started = time.perf_counter()
     assert from_l2(cache, query, seed=2) == (8 * BLOCK_NTOKENS, True)
-    assert conn(cache).health()["write_behind_served"] >= 1
+    assert connector_of(cache).health()["write_behind_served"] >= 1
     assert time.perf_counter() - started < 0.3, "served from the held regions, not after the flush"
     get_store(STORE).faults.clear()
 
@@ -144,9 +141,9 @@ def test_delete_racing_a_pending_write(build):
     assert cache.delete(None, query).is_ok()  # L1, then L2: drops queued writes, waits for the one in flight
     assert cache.exists(None, query).is_not_found()
     assert reload(cache, query, seed=3)[0] == 0
-    assert conn(cache).write_behind.wait_idle(10)
+    assert connector_of(cache).write_behind.wait_idle(10)
     keys = {key for _, key in cache._l2_cache._cache_block_keys(None, query)}
-    encoded = set(conn(cache)._codec.encode_many(list(keys)))
+    encoded = set(connector_of(cache)._codec.encode_many(list(keys)))
     assert not encoded & {key for _, key in store.keys()}, "a deleted block came back from a pending write"
 
 
@@ -165,7 +162,7 @@ def test_an_overwrite_is_never_reordered_behind_an_older_write(build):
         assert run_on_manager_loop(cache, l2.put(None, query, list(mrs))).is_ok()
         for mr in mrs:
             mr.ref_down()
-    assert conn(cache).write_behind.wait_idle(10)
+    assert connector_of(cache).write_behind.wait_idle(10)
     store.faults.clear()
     assert reload(cache, query, seed=44) == (4 * BLOCK_NTOKENS, True)  # L1 never had it: from EIC
 
@@ -175,7 +172,7 @@ def test_close_with_pending_writes_flushes_and_releases(build):
     store = get_store(STORE)
     store.faults.latency_s = 0.02
     offload(cache, tokens(8, seed=5), seed=5)
-    connector = conn(cache)
+    connector = connector_of(cache)
     assert connector.health()["write_behind_pending"] > 0
     started = time.perf_counter()
     assert connector.close().is_ok()
@@ -188,27 +185,27 @@ def test_pending_bytes_stay_within_the_byte_bound(build):
     block = block_spec().block_nbytes
     cache = build(write_behind_max_bytes=3 * block)
     get_store(STORE).faults.latency_s = 0.01
-    table = conn(cache).write_behind.table
+    table = connector_of(cache).write_behind.table
     peak = watch_peak_counted_bytes(table)
     query = tokens(12, seed=6)
     offload(cache, query, seed=6)
-    assert conn(cache).write_behind.wait_idle(10)
+    assert connector_of(cache).write_behind.wait_idle(10)
     assert 0 < peak[0] <= 3 * block
-    assert conn(cache).health()["write_behind_waits"] > 0, "no put went past the bound"
+    assert connector_of(cache).health()["write_behind_waits"] > 0, "no put went past the bound"
     evict_from_l1(cache, seed=6)
     assert from_l2(cache, query, seed=6) == (12 * BLOCK_NTOKENS, True)
 
 
 def test_nothing_is_queued_while_the_breaker_is_open(build):
     cache = build(probe_interval_s=3600)
-    connector = conn(cache)
+    connector = connector_of(cache)
     connector.breaker.trip("test")
     query = tokens(8, seed=7)
     offload(cache, query, seed=7)
     assert connector.health()["write_behind_pending"] == 0 and connector.health()["write_behind_blocks"] == 0
     connector.breaker.reset()
     evict_from_l1(cache, seed=7)
-    assert conn(cache).write_behind.wait_idle(10)
+    assert connector_of(cache).write_behind.wait_idle(10)
     assert reload(cache, query, seed=7)[0] == 0
 
 
@@ -219,7 +216,7 @@ def test_engine_faults_during_flushes_give_misses_never_wrong_bytes(build):
     queries = [tokens(6, seed=80 + i) for i in range(4)]
     for i, query in enumerate(queries):
         offload(cache, query, seed=80 + i)
-    assert conn(cache).write_behind.wait_idle(10)
+    assert connector_of(cache).write_behind.wait_idle(10)
     store.faults.clear()
     evict_from_l1(cache, seed=8)
     loaded = 0
@@ -227,6 +224,6 @@ def test_engine_faults_during_flushes_give_misses_never_wrong_bytes(build):
         ntokens, exact = reload(cache, query, seed=80 + i)
         assert exact, "a reload after failed flushes returned wrong bytes"
         loaded += ntokens
-    health = conn(cache).health()
+    health = connector_of(cache).health()
     assert health["retries"] > 0
     assert loaded > 0
