@@ -1,5 +1,7 @@
 """The link to EIC: one SDK client and its memory registrations, the thread
-pools that run SDK calls, and the circuit breaker with its recovery probe.
+pools that run SDK calls, the circuit breaker (its probe is in probe.py),
+and the one path every data-path SDK call takes (`call`, `usable`,
+`deadline_passed`).
 
 Everything here changes under one state lock: open and close, a probe
 swapping in a new client, register_slabs. Requests read `session` once and
@@ -8,12 +10,8 @@ use that object to the end, so a swap never changes a client under a call.
 
 import dataclasses
 import logging
-import os
 import threading
-import time
 from collections.abc import Callable
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -22,9 +20,10 @@ from aibrix_kvcache.status import Status, StatusCodes
 from .config import ConfigError, EICConfig
 from .counters import Counters
 from .logs import RateLimitedLogger
-from .pool import PROBE_PRIORITY, PriorityThreadPool
+from .pool import PriorityThreadPool
+from .probe import Recovery, warm_up
 from .regions import RegisteredRegions
-from .resilience import BreakerState, CircuitBreaker, Prober, call_with_timeout
+from .resilience import BreakerState, CircuitBreaker, Prober
 from .sdk import CallResult, SdkClient
 
 logger = logging.getLogger(__name__)
@@ -52,24 +51,23 @@ class Link:
         self._rate_log = rate_log
         self.metrics = counters.metrics
         self.regions = RegisteredRegions()
-        self._state_lock = threading.RLock()
+        self.state_lock = threading.RLock()
         self.is_open = False
         self.session: Session | None = None
         self.data_pool: PriorityThreadPool | None = None
         self.meta_pool: PriorityThreadPool | None = None
-        self._probe_call: Future | None = None  # the probe call waited on
-        self._probe_until = 0.0  # ...until then
+        self._recovery = Recovery(self, config, key_prefix, rate_log)
         self._new_breaker()
 
     # ----------------------------------------------------------- lifecycle
     def open(self) -> Status:
         """Connect and start the pools and the prober, all or nothing. With
         fail_open an unreachable EIC is no error: the breaker starts open."""
-        with self._state_lock:
+        with self.state_lock:
             if self.is_open:
                 return _OK
             try:
-                session, error = self._connect()
+                session, error = self.connect()
             except ConfigError as e:
                 return Status(StatusCodes.INVALID, str(e))
             if session is None and not self._config.fail_open:
@@ -82,7 +80,7 @@ class Link:
                     session.client.close()
                 return Status(StatusCodes.ERROR, f"EIC open failed: {e!r}")
         if session is not None:
-            self._warm_up(session)
+            warm_up(session, self._config, self._key_prefix)
         return _OK
 
     def _start(self, session: Session | None, error: str) -> None:
@@ -115,7 +113,7 @@ class Link:
         self.data_pool = self.meta_pool = None
 
     def close(self) -> None:
-        with self._state_lock:
+        with self.state_lock:
             self.regions.clear()
             if self.is_open:
                 self._stop()
@@ -136,7 +134,7 @@ class Link:
         for pool in pools:
             if pool is not None:
                 pool.shutdown()
-        with self._state_lock:
+        with self.state_lock:
             if self._prober is not prober:
                 return  # reopened since: the new pools and client are not ours to drop
             self.session = None
@@ -148,14 +146,14 @@ class Link:
     def register(self, regions: list[tuple[int, int]], cuda_device: int | None) -> tuple[int, str]:
         """Remember regions and register the new ones on the current client
         (again on every client made later). (bytes newly registered, error)."""
-        with self._state_lock:  # against a probe swapping in a new client
+        with self.state_lock:  # against a probe swapping in a new client
             new_regions = self.regions.add(regions, cuda_device)
             session = self.session
             if session is None or not new_regions:
                 return 0, ""
-            return sum(n for _, n in new_regions), self._register(session, new_regions)
+            return sum(n for _, n in new_regions), self.register_on(session, new_regions)
 
-    def _register(self, session: Session, regions: list[tuple[int, int]]) -> str:
+    def register_on(self, session: Session, regions: list[tuple[int, int]]) -> str:
         ok, message = session.client.register(regions, self.regions.cuda_device)
         if ok:
             session.regions.update(regions)
@@ -164,7 +162,7 @@ class Link:
         logger.warning("EIC %s; buffers are passed as unregistered", message)
         return message
 
-    def _connect(self) -> tuple[Session | None, str]:
+    def connect(self) -> tuple[Session | None, str]:
         if self._module is None:  # the config named no usable SDK; open() refuses before this
             return None, "no EIC SDK module"
         client, error = SdkClient.connect(self._module, self._config)
@@ -173,7 +171,7 @@ class Link:
         session = Session(client)
         regions = self.regions.all()
         if regions:
-            error = self._register(session, regions)
+            error = self.register_on(session, regions)
             if error and self._config.require_registration:
                 return None, error
         return session, ""
@@ -182,7 +180,7 @@ class Link:
     def _new_breaker(self) -> None:
         # A new breaker per open(): a closed-and-reopened connector starts clean.
         self.breaker = CircuitBreaker(self._config.breaker_failures, on_change=self._on_breaker_change)
-        self._prober = Prober(self.breaker, self._probe, self._config.probe_interval_s)
+        self._prober = Prober(self.breaker, self._recovery.probe, self._config.probe_interval_s)
 
     def _on_breaker_change(self, state: BreakerState, reason: str) -> None:
         self.metrics.breaker_changed(state is BreakerState.OPEN)
@@ -242,94 +240,3 @@ class Link:
             self._rate_log.log("call-failed", logging.WARNING, "EIC call failed: %s", result.detail)
         else:
             self.breaker.record_success()
-
-    def _warm_up(self, session: Session) -> None:
-        """One bounded mexist over random keys, so the SDK opens its agent
-        connections now rather than on the first request. Best effort."""
-        nkeys = self._config.warmup_keys
-        if nkeys <= 0:
-            return
-        keys = [f"{self._key_prefix}w{os.urandom(12).hex()}" for _ in range(nkeys)]
-        started = time.perf_counter()
-        try:
-            finished, result = call_with_timeout(
-                lambda: session.client.mexist(keys), self._config.warmup_timeout_ms / 1000, "aibrix_eic_warmup"
-            )
-        except Exception as e:
-            logger.warning("EIC warm-up skipped: %r", e)
-            return
-        if not finished or result is None:
-            logger.warning("EIC warm-up did not finish within warmup_timeout_ms=%s", self._config.warmup_timeout_ms)
-            return
-        logger.info(
-            "EIC warm-up: %d probe keys in one mexist, %.1f ms (%s)",
-            nkeys,
-            (time.perf_counter() - started) * 1000,
-            "ok" if not result.whole_call_failed else result.detail,
-        )
-
-    def _probe(self) -> bool:
-        """Prober callback: True when EIC answers a call run the way data
-        calls run. Reuses the current client if it answers; builds a new one
-        only when the current one's call failed outright (a call that hangs
-        says nothing a new client would change), and lets go of a new one
-        that does not answer."""
-        session = self.session
-        if session is not None:
-            answer = self._answers(session)
-            if answer is not False:
-                return answer is True
-        try:
-            fresh, error = self._connect()
-        except ConfigError as e:  # cannot happen after a successful open
-            fresh, error = None, str(e)
-        if fresh is None:
-            self._rate_log.log("probe", logging.INFO, "EIC probe: still unavailable: %s", error)
-            return False
-        if self._answers(fresh) is not True:
-            self._let_go(fresh)
-            return False
-        with self._state_lock:
-            if not self.is_open:
-                self._let_go(fresh)
-                return False
-            # Slabs may have been registered since _connect read the list.
-            missing = [region for region in self.regions.all() if region not in fresh.regions]
-            if missing:
-                self._register(fresh, missing)
-            self.session = fresh
-        return True
-
-    def _let_go(self, session: Session) -> None:
-        call = self._probe_call
-        if call is None or call.done():
-            session.client.close()
-        else:  # its probe call is still out: close once it returns
-            call.add_done_callback(lambda _: session.client.close())
-
-    def _answers(self, session: Session) -> bool | None:
-        """One mexist on the data pool, ahead of queued requests: the breaker
-        may close only when a data call can actually be served. True: it
-        answered; False: it failed; None: no answer in time, or the previous
-        probe call is still within its deadline (one waited on at a time; a
-        call past its deadline is left to the pool, which bounds stuck calls)."""
-        pool = self.data_pool
-        if pool is None:
-            return None
-        if self._probe_call is not None and not self._probe_call.done() and time.monotonic() < self._probe_until:
-            return None
-        # An answer must come within one probe interval, or recovery lags by the wait.
-        timeout_s = min(self._config.exists_timeout_ms / 1000, self._config.probe_interval_s)
-        probe_key = f"{self._key_prefix}p{os.urandom(8).hex()}"
-        try:
-            call = self._probe_call = pool.submit(session.client.mexist, [probe_key], priority=PROBE_PRIORITY)
-        except RuntimeError:  # closed meanwhile
-            return None
-        self._probe_until = time.monotonic() + timeout_s
-        try:
-            result = call.result(timeout=timeout_s)
-        except FutureTimeout:
-            return None
-        except Exception:
-            return False
-        return not result.whole_call_failed
