@@ -30,45 +30,20 @@ import threading
 import time
 from concurrent.futures import Future
 
-from aibrix_kvcache.status import Status, StatusCodes
-
 from .config import EICConfig
 from .counters import Counters
-from .dispatch import PUT, Chunk, Dispatcher
-from .link import Link, Session
+from .dispatch import Dispatcher
+from .link import Link
 from .logs import RateLimitedLogger
-from .pending import Entry, Finished, PendingTable
+from .pending import Finished, PendingTable
 from .pool import PUT_PRIORITY
 from .resilience import Deadline
-from .sdk import HIT, MISS
+from .rounds import Drain, RoundSender
 from .teardown import OwnThread
 
 logger = logging.getLogger(__name__)
 
 TICK_S = 0.05  # how often the watcher looks at ages, lost keys and the drain
-
-
-def _buffers(writes: list[Entry]) -> list[tuple[int, int, bool]]:
-    return [entry.buffer for entry in writes if entry.buffer is not None]  # a write always has one
-
-
-class _Drain:
-    """One drain; `round_started` is when its current round began (None
-    between rounds), read by the watcher under the table lock."""
-
-    __slots__ = ("round_started",)
-
-    def __init__(self) -> None:
-        self.round_started: float | None = None
-
-
-class _Countdown:
-    """Calls of a round still running (under the table lock)."""
-
-    __slots__ = ("left",)
-
-    def __init__(self, left: int) -> None:
-        self.left = left
 
 
 class Flusher:
@@ -84,10 +59,13 @@ class Flusher:
         self.running = False  # puts are accepted (read and written under the table lock)
         self._closing = False  # send what is queued, then stop
         self._generation = 0  # a watcher left over from before a reopen stops
-        self._drain: _Drain | None = None  # the one drain allowed to take rounds
+        self._drain: Drain | None = None  # the one drain allowed to take rounds
         self._lost_retry_at = 0.0  # lost keys are re-deleted at most every TICK_S
         self._took_nothing_at = -1  # table.seq when a drain last found nothing it could send
         self._round_timeout_s = config.put_timeout_ms / 1000
+        self._rounds = RoundSender(
+            table, config, link, dispatcher, counters, rate_log, self._run_drain, self._drain_ended
+        )
 
     @property
     def draining(self) -> bool:
@@ -148,7 +126,7 @@ class Flusher:
         table = self._table
         while True:
             done = Finished()
-            start_drain: _Drain | None = None
+            start_drain: Drain | None = None
             overdue = False
             abandoned = 0
             with table.cond:
@@ -171,7 +149,7 @@ class Flusher:
                     self._drain = None
                 else:
                     if self._drain is None and not down and self._has_sendable_work(now):
-                        start_drain = self._drain = _Drain()
+                        start_drain = self._drain = Drain()
                     else:
                         table.wake_flusher.wait(TICK_S)
             done.settle()
@@ -208,14 +186,14 @@ class Flusher:
     def _down(self) -> bool:
         return self._link.usable("data", count=False) is None
 
-    def _drain_ended(self, drain: _Drain) -> None:
+    def _drain_ended(self, drain: Drain) -> None:
         with self._table.cond:
             if self._drain is drain:
                 self._drain = None
             self._table.wake_flusher.notify_all()
 
     # -------------------------------------------------------------- drain
-    def _run_drain(self, drain: _Drain) -> None:
+    def _run_drain(self, drain: Drain) -> None:
         """Take and send rounds until nothing is queued. Runs on a pool
         thread: as a task, or on the thread that finished a round's last call."""
         try:
@@ -224,7 +202,7 @@ class Flusher:
             self._rate_log.log("wb-internal", logging.ERROR, "EIC write-behind drain failed internally: %r", e)
             self._drain_ended(drain)
 
-    def _drain_rounds(self, drain: _Drain) -> None:
+    def _drain_rounds(self, drain: Drain) -> None:
         table = self._table
         while True:
             with table.cond:
@@ -248,14 +226,14 @@ class Flusher:
                     table.wake_flusher.notify_all()
                     return
                 drain.round_started = now
-            if not self._send_round(drain, writes, deletes):
+            if not self._rounds.send(drain, writes, deletes):
                 return  # calls still running on other threads: the last to end carries on
             pool = self._link.data_pool
             if pool is not None and pool.waiting_ahead_of(PUT_PRIORITY):
                 self._submit_drain(drain)  # let queued gets and probes run first
                 return
 
-    def _submit_drain(self, drain: _Drain) -> None:
+    def _submit_drain(self, drain: Drain) -> None:
         pool = self._link.data_pool
         try:
             if pool is None:
@@ -270,105 +248,3 @@ class Flusher:
                 self._drain_ended(drain)
 
         future.add_done_callback(ended_if_cancelled)
-
-    def _send_round(self, drain: _Drain, writes: list[Entry], deletes: list[Entry]) -> bool:
-        """Start one round: its first SDK call here, the others on the pool.
-        True when the whole round has ended on return."""
-        session, pool = self._link.session, self._link.data_pool
-        deadline = Deadline(self._round_timeout_s)
-        calls: list[tuple] = []
-        if writes:
-            mark = session is not None and session.registration_ok and self._config.put_registered
-            buffers = [(addr, nbytes, registered and mark) for addr, nbytes, registered in _buffers(writes)]
-            chunks = self._dispatcher.chunks([e.key for e in writes], buffers, ())
-            start = 0
-            for chunk in chunks:
-                calls.append((self._flush_chunk, chunk, writes[start : start + len(chunk.keys)]))
-                start += len(chunk.keys)
-            self._counters.add(write_behind_flushes=1)
-        for start in range(0, len(deletes), self._config.batch_keys):
-            calls.append((self._delete_lost, None, deletes[start : start + self._config.batch_keys]))
-        if session is None or pool is None:
-            for _fn, _chunk, group in calls:
-                self._end(group, [False] * len(group), "not sent: the connector closed")
-            return True
-        countdown = _Countdown(len(calls))
-        for fn, chunk, group in calls[1:]:
-            self._submit(pool, drain, countdown, fn, session, chunk, group, deadline)
-        fn, chunk, group = calls[0]
-        self._run_call(fn, session, chunk, group, deadline)
-        return self._call_ended(countdown)
-
-    def _submit(self, pool, drain: _Drain, countdown: "_Countdown", fn, session, chunk, group: list[Entry],
-                deadline: Deadline) -> None:  # fmt: skip
-        try:
-            future = pool.submit(self._pool_call, drain, countdown, fn, session, chunk, group, deadline,
-                                 priority=PUT_PRIORITY)  # fmt: skip
-        except RuntimeError:  # closed under us: nothing was sent
-            self._end(group, [False] * len(group), "not sent: the connector closed")
-            self._call_ended(countdown)
-            return
-
-        def end_if_cancelled(done: Future) -> None:  # it never ran: nothing can touch its regions
-            if done.cancelled():
-                self._end(group, [False] * len(group), "cancelled")
-                if self._call_ended(countdown):
-                    self._drain_ended(drain)  # the pool is shutting down: no next round
-
-        future.add_done_callback(end_if_cancelled)
-
-    def _pool_call(self, drain: _Drain, countdown: "_Countdown", fn, session, chunk, group, deadline) -> None:
-        self._run_call(fn, session, chunk, group, deadline)
-        if self._call_ended(countdown):
-            self._run_drain(drain)  # the round's last call: take the next round on this thread
-
-    def _run_call(self, fn, session, chunk, group: list[Entry], deadline: Deadline) -> None:
-        try:
-            fn(session, chunk, group, deadline)
-        except BaseException as e:  # the call's own guards ended its entries
-            self._rate_log.log("wb-internal", logging.ERROR, "EIC write-behind call failed internally: %r", e)
-
-    def _call_ended(self, countdown: "_Countdown") -> bool:
-        """One call of a round ended; True for the last."""
-        with self._table.cond:
-            countdown.left -= 1
-            return countdown.left == 0
-
-    def _flush_chunk(self, session: Session, chunk: Chunk, group: list[Entry], deadline: Deadline) -> None:
-        try:
-            self._store(session, chunk, group, deadline)
-        except BaseException as e:  # a bug here must still end every entry (and release it)
-            self._rate_log.log("wb-internal", logging.ERROR, "EIC write-behind flush failed internally: %r", e)
-            self._end(group, [False] * len(group), f"internal error {e!r}")
-
-    def _store(self, session: Session, chunk: Chunk, group: list[Entry], deadline: Deadline) -> None:
-        self._dispatcher.run_here(PUT, session.client, chunk, deadline)
-        outcomes = chunk.outcomes or []
-        settled = [outcome == HIT for outcome in outcomes]
-        failed = [i for i, ok in enumerate(settled) if not ok]
-        if failed:  # accepted early, so nobody hears of it: a lost block (a later miss)
-            self._counters.add(put_failures=len(failed), write_behind_lost=sum(1 for i in failed if group[i].counted))
-            if not self._link.breaker.tripped:  # clear the key: an older value must not be served
-                result = self._link.call("delete", session.client.mdel, [chunk.keys[i] for i in failed])
-                for j, i in enumerate(failed):
-                    settled[i] = result.outcomes[j] in (HIT, MISS)
-        self._end(group, settled, f"not stored: {chunk.detail}", stored=[o == HIT for o in outcomes])
-
-    def _delete_lost(self, session: Session, _chunk, group: list[Entry], _deadline: Deadline) -> None:
-        settled = [False] * len(group)
-        try:
-            result = self._link.call("delete", session.client.mdel, [entry.key for entry in group])
-            settled = [outcome in (HIT, MISS) for outcome in result.outcomes]
-        finally:
-            self._end(group, settled, "")
-
-    def _end(self, group: list[Entry], settled: list[bool], why: str, stored: list[bool] | None = None) -> None:
-        """Entries whose SDK call returned (or never ran) leave the table;
-        their regions are released only now."""
-        done = Finished()
-        failure = Status(StatusCodes.ERROR, why)
-        with self._table.cond:
-            for i, entry in enumerate(group):
-                ok = i < len(settled) and settled[i]
-                self._table.finish(entry, ok, None if stored is not None and stored[i] else failure, done)
-        done.settle()
