@@ -46,8 +46,9 @@ class BlockChecker:
     buffers. In the compact layout every block has one size; the first
     request teaches it unless the config states `block_nbytes`."""
 
-    def __init__(self, regions: RegisteredRegions, max_value_bytes: int, require_registration: bool,
-                 block_nbytes: int | None) -> None:  # fmt: skip
+    def __init__(
+        self, regions: RegisteredRegions, max_value_bytes: int, require_registration: bool, block_nbytes: int | None
+    ) -> None:
         self._regions = regions
         self._max_nbytes = max_value_bytes
         self._require = require_registration

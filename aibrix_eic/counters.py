@@ -10,15 +10,31 @@ from .metrics import NO_METRICS, ConnectorMetrics, NoMetrics
 
 class Counters:
     FIELDS = (
-        "gets", "get_blocks", "get_hits", "get_errors", "get_timeouts", "puts", "put_blocks", "put_failures",
-        "exists", "exists_calls", "deletes", "retries", "timeouts", "fast_fails", "invalid",
+        "gets",
+        "get_blocks",
+        "get_hits",
+        "get_errors",
+        "get_timeouts",
+        "puts",
+        "put_blocks",
+        "put_failures",
+        "exists",
+        "exists_calls",
+        "deletes",
+        "retries",
+        "timeouts",
+        "fast_fails",
+        "invalid",
         # put keys refused with GDR_TRANSFER_ERROR and re-sent unregistered
         "gdr_resends",
         # write-behind: blocks accepted early, puts that waited (past the byte
         # bound), flush rounds, accepted blocks lost, blocks read from pending
-        "write_behind_blocks", "write_behind_waits", "write_behind_flushes", "write_behind_lost",
+        "write_behind_blocks",
+        "write_behind_waits",
+        "write_behind_flushes",
+        "write_behind_lost",
         "write_behind_served",
-    )  # fmt: skip
+    )
 
     def __init__(self, metrics: "ConnectorMetrics | NoMetrics" = NO_METRICS) -> None:
         self._lock = threading.Lock()

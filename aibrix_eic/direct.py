@@ -13,24 +13,24 @@ from aibrix_kvcache.status import Status
 
 from .checks import BlockChecker, eic_keys
 from .codec import KeyCodec
-from .config import EICConfig
-from .counters import Counters
 from .dispatch import DELETE, GET, PUT, Chunk, Dispatcher, OutlivedCall
-from .link import Link, Session
+from .link import Session
 from .outcomes import FAST_MISS, close_after, key_statuses, put_outcome, unloaded_reasons
 from .request_guard import hold, release
+from .runtime import Runtime
 from .tokens import restore_tokens
 
 
 class DirectRequests:
-    def __init__(self, config: EICConfig, link: Link, codec: KeyCodec, blocks: BlockChecker,
-                 dispatcher: Dispatcher, counters: Counters, outlived: OutlivedCall) -> None:  # fmt: skip
-        self._config = config
-        self._link = link
+    def __init__(
+        self, rt: Runtime, codec: KeyCodec, blocks: BlockChecker, dispatcher: Dispatcher, outlived: OutlivedCall
+    ) -> None:
+        self._config = rt.config
+        self._link = rt.link
         self._codec = codec
         self._blocks = blocks
         self._dispatcher = dispatcher
-        self._counters = counters
+        self._counters = rt.counters
         self._outlived = outlived  # a put's call still running at its deadline
 
     def _held_chunks(self, session: Session, keys: Sequence[Any], mrs: Sequence[Any], op: str) -> list[Chunk] | Status:

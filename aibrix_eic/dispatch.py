@@ -17,12 +17,10 @@ from dataclasses import dataclass
 from aibrix_kvcache.memory import MemoryRegion
 
 from .config import EICConfig
-from .counters import Counters
-from .link import Link
-from .logs import RateLimitedLogger
 from .outcomes import failed, failed_before_first_miss
 from .pool import GET_PRIORITY, PUT_PRIORITY
 from .resilience import Deadline, ExponentialBackoff
+from .runtime import Runtime
 from .sdk import FAIL, CallResult, Outcome, SdkClient
 
 
@@ -71,17 +69,23 @@ class Operation:
 
 
 GET = Operation("get", lambda client, keys, buffers: client.mget(keys, buffers), failed_before_first_miss)
-PUT = Operation("put", lambda client, keys, buffers: client.mset(keys, buffers), failed, priority=PUT_PRIORITY,
-                resend_unregistered=True)  # fmt: skip
+PUT = Operation(
+    "put",
+    lambda client, keys, buffers: client.mset(keys, buffers),
+    failed,
+    priority=PUT_PRIORITY,
+    resend_unregistered=True,
+)
 DELETE = Operation("delete", lambda client, keys, _: client.mdel(keys), failed, metadata=True)
 
 
 class Dispatcher:
-    def __init__(self, config: EICConfig, link: Link, counters: Counters, rate_log: RateLimitedLogger):
-        self._config = config
-        self._link = link  # the breaker is rebuilt on every open: always read it through the link
-        self._counters = counters
-        self._rate_log = rate_log
+    def __init__(self, rt: Runtime) -> None:
+        self._config = rt.config
+        self._link = rt.link
+        self._counters = rt.counters
+        self._rate_log = rt.rate_log
+        config = rt.config
         self._backoff = ExponentialBackoff(config.retry_backoff_ms / 1000, config.retry_backoff_max_ms / 1000)
 
     def chunks(self, eic_keys: list[str], buffers: list | None, mrs: Sequence[MemoryRegion] | None) -> list[Chunk]:
@@ -181,8 +185,15 @@ class Dispatcher:
         chunk.detail = detail
         chunk.outcomes = outcomes  # last: readers take outcomes as "call finished"
 
-    def _resend_unregistered(self, op: Operation, client: SdkClient, chunk: Chunk, sent: list[int] | None,
-                             result: CallResult, deadline: Deadline) -> CallResult:  # fmt: skip
+    def _resend_unregistered(
+        self,
+        op: Operation,
+        client: SdkClient,
+        chunk: Chunk,
+        sent: list[int] | None,
+        result: CallResult,
+        deadline: Deadline,
+    ) -> CallResult:
         """Send again, at once and unregistered, the registered writes of
         `result` (for the chunk's keys at `sent`, None for all) that EIC
         refused with GDR_TRANSFER_ERROR: the registered transfer path failed,
@@ -198,9 +209,13 @@ class Dispatcher:
             return result
         indices = positions if sent is None else [sent[j] for j in positions]
         self._counters.add(gdr_resends=len(indices))
-        self._rate_log.log("gdr-resend", logging.WARNING,
-                           "EIC refused %d registered writes with GDR_TRANSFER_ERROR; re-sending them unregistered "
-                           "(put_registered: false skips the registered attempt)", len(indices))  # fmt: skip
+        self._rate_log.log(
+            "gdr-resend",
+            logging.WARNING,
+            "EIC refused %d registered writes with GDR_TRANSFER_ERROR; re-sending them unregistered "
+            "(put_registered: false skips the registered attempt)",
+            len(indices),
+        )
         resent = self._link.call(
             op.name, op.call, client, [chunk.keys[i] for i in indices], [chunk.buffers[i] for i in indices]
         )

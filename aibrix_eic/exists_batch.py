@@ -19,18 +19,17 @@ from concurrent.futures import Future
 
 from aibrix_kvcache.status import Status, StatusCodes
 
-from .config import EICConfig
-from .counters import Counters
-from .link import Link, Session
+from .link import Session
 from .outcomes import FAST_MISS, NOT_FOUND, OK, request_outcome
+from .runtime import Runtime
 from .sdk import HIT, MISS, CallResult
 
 
 class ExistsBatcher:
-    def __init__(self, config: EICConfig, link: Link, counters: Counters):
-        self._config = config
-        self._link = link
-        self._counters = counters
+    def __init__(self, rt: Runtime) -> None:
+        self._config = rt.config
+        self._link = rt.link
+        self._counters = rt.counters
         self._pending: dict[asyncio.AbstractEventLoop, tuple[list[str], list[asyncio.Future]]] = {}
 
     def count(self, status: Status) -> Status:

@@ -30,15 +30,12 @@ import threading
 import time
 from concurrent.futures import Future
 
-from .config import EICConfig
-from .counters import Counters
 from .dispatch import Dispatcher
-from .link import Link
-from .logs import RateLimitedLogger
 from .pending import Finished, PendingTable
 from .pool import PUT_PRIORITY
 from .resilience import Deadline
 from .rounds import Drain, RoundSender
+from .runtime import Runtime
 from .teardown import OwnThread
 
 logger = logging.getLogger(__name__)
@@ -47,14 +44,12 @@ TICK_S = 0.05  # how often the watcher looks at ages, lost keys and the drain
 
 
 class Flusher:
-    def __init__(self, table: PendingTable, config: EICConfig, link: Link, dispatcher: Dispatcher,
-                 counters: Counters, rate_log: RateLimitedLogger) -> None:  # fmt: skip
+    def __init__(self, table: PendingTable, rt: Runtime, dispatcher: Dispatcher) -> None:
         self._table = table
-        self._config = config
-        self._link = link
-        self._dispatcher = dispatcher
-        self._counters = counters
-        self._rate_log = rate_log
+        self._config = rt.config
+        self._link = rt.link
+        self._counters = rt.counters
+        self._rate_log = rt.rate_log
         self._thread: threading.Thread | None = None
         self.running = False  # puts are accepted (read and written under the table lock)
         self._closing = False  # send what is queued, then stop
@@ -62,10 +57,8 @@ class Flusher:
         self._drain: Drain | None = None  # the one drain allowed to take rounds
         self._lost_retry_at = 0.0  # lost keys are re-deleted at most every TICK_S
         self._took_nothing_at = -1  # table.seq when a drain last found nothing it could send
-        self._round_timeout_s = config.put_timeout_ms / 1000
-        self._rounds = RoundSender(
-            table, config, link, dispatcher, counters, rate_log, self._run_drain, self._drain_ended
-        )
+        self._round_timeout_s = rt.config.put_timeout_ms / 1000
+        self._rounds = RoundSender(table, rt, dispatcher, self._run_drain, self._drain_ended)
 
     @property
     def draining(self) -> bool:

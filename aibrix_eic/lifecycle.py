@@ -27,6 +27,7 @@ from .logs import RateLimitedLogger
 from .metrics import for_connector
 from .outcomes import OK
 from .resilience import CircuitBreaker
+from .runtime import Runtime
 from .sdk import load_sdk_module
 from .teardown import close_may_wait
 from .write_behind import WriteBehind
@@ -63,23 +64,17 @@ class ConnectorLifecycle(Connector[bytes, torch.Tensor]):
         self._link = Link(self._config, module, self._codec.prefix, self._counters, self._rate_log)
         live.add(self)  # for aibrix_eic.health()
         self._blocks = BlockChecker(
-            self._link.regions, self._config.max_value_bytes, self._config.require_registration,
+            self._link.regions,
+            self._config.max_value_bytes,
+            self._config.require_registration,
             self._config.block_nbytes,
-        )  # fmt: skip
-        self._dispatcher = Dispatcher(self._config, self._link, self._counters, self._rate_log)
-        self._exists = ExistsBatcher(self._config, self._link, self._counters)
-        self._write_behind = WriteBehind(self._config, self._link, self._dispatcher, self._counters, self._rate_log)
-        if self._metrics.enabled:  # not NO_METRICS: that one is shared
-            self._metrics.pending_bytes = self._write_behind.pending_bytes
-        self._direct = DirectRequests(
-            self._config,
-            self._link,
-            self._codec,
-            self._blocks,
-            self._dispatcher,
-            self._counters,
-            self._write_behind.outlived,
         )
+        rt = Runtime(self._config, self._link, self._counters, self._rate_log)
+        self._dispatcher = Dispatcher(rt)
+        self._exists = ExistsBatcher(rt)
+        self._write_behind = WriteBehind(rt, self._dispatcher)
+        self._metrics.watch_pending_bytes(self._write_behind.pending_bytes)
+        self._direct = DirectRequests(rt, self._codec, self._blocks, self._dispatcher, self._write_behind.outlived)
 
     # ------------------------------------------------------------ factory
     @classmethod

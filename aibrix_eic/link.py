@@ -41,9 +41,13 @@ class Session:
 
 class Link:
     def __init__(
-        self, config: EICConfig, module: ModuleType | None, key_prefix: str, counters: Counters,
+        self,
+        config: EICConfig,
+        module: ModuleType | None,
+        key_prefix: str,
+        counters: Counters,
         rate_log: RateLimitedLogger,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._config = config
         self._module = module
         self._key_prefix = key_prefix
@@ -87,15 +91,17 @@ class Link:
         config = self._config
         # A thread busy past every deadline of its pool is stuck: replaced, up to twice the pool.
         self.data_pool = PriorityThreadPool(
-            config.eic_thread_num, "aibrix_eic_data",
+            config.eic_thread_num,
+            "aibrix_eic_data",
             stuck_after_s=max(config.get_timeout_ms, config.put_timeout_ms) / 1000,
             max_threads=2 * config.eic_thread_num,
-        )  # fmt: skip
+        )
         self.meta_pool = PriorityThreadPool(
-            META_THREADS, "aibrix_eic_meta",
+            META_THREADS,
+            "aibrix_eic_meta",
             stuck_after_s=max(config.exists_timeout_ms, config.delete_timeout_ms) / 1000,
             max_threads=2 * META_THREADS,
-        )  # fmt: skip
+        )
         self._new_breaker()
         self.session = session
         self.is_open = True

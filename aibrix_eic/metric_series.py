@@ -34,8 +34,22 @@ WRITE_BEHIND_OUTCOMES = {
 # Request latency: from 0.25 ms (a hit on the embedded engine) to the
 # longest deadline a config allows in practice.
 LATENCY_BUCKETS = (
-    0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-)  # fmt: skip
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 
 _PARTITION = re.compile(r"(?:^|_)(h\d+_\d+_l\d+_\d+)(?:_|$)")
 
@@ -54,64 +68,79 @@ class _Families:
 
     def __init__(self) -> None:
         self.requests = Counter(
-            "aibrix_eic_requests", "Requests AIBrix made of the connector, by operation and outcome.",
+            "aibrix_eic_requests",
+            "Requests AIBrix made of the connector, by operation and outcome.",
             (*LABELS, "op", "outcome"),
-        )  # fmt: skip
+        )
         self.blocks = Counter(
-            "aibrix_eic_blocks", "Blocks of get and put requests, by outcome (get: what AIBrix was told).",
+            "aibrix_eic_blocks",
+            "Blocks of get and put requests, by outcome (get: what AIBrix was told).",
             (*LABELS, "op", "outcome"),
-        )  # fmt: skip
+        )
         self.bytes = Counter(
-            "aibrix_eic_bytes", "Bytes of blocks read from EIC (in) and accepted for writing to it (out).",
+            "aibrix_eic_bytes",
+            "Bytes of blocks read from EIC (in) and accepted for writing to it (out).",
             (*LABELS, "direction"),
-        )  # fmt: skip
+        )
         self.request_seconds = Histogram(
-            "aibrix_eic_request_seconds", "Latency of one request as AIBrix sees it, by operation.",
-            (*LABELS, "op"), buckets=LATENCY_BUCKETS,
-        )  # fmt: skip
+            "aibrix_eic_request_seconds",
+            "Latency of one request as AIBrix sees it, by operation.",
+            (*LABELS, "op"),
+            buckets=LATENCY_BUCKETS,
+        )
         self.retries = Counter("aibrix_eic_retries", "Keys re-sent after failing in transit.", LABELS)
         self.gdr_resends = Counter(
-            "aibrix_eic_gdr_resends", "Put keys refused as registered writes (GDR_TRANSFER_ERROR), re-sent unregistered.",
+            "aibrix_eic_gdr_resends",
+            "Put keys refused as registered writes (GDR_TRANSFER_ERROR), re-sent unregistered.",
             LABELS,
-        )  # fmt: skip
+        )
         self.timeouts = Counter(
             "aibrix_eic_deadline_timeouts", "Requests (or exists rounds) whose deadline passed.", LABELS
         )
         self.breaker_open = Gauge(
-            "aibrix_eic_breaker_open", "1 while the circuit breaker is open (requests fail fast), else 0.",
-            LABELS, multiprocess_mode="mostrecent",
-        )  # fmt: skip
+            "aibrix_eic_breaker_open",
+            "1 while the circuit breaker is open (requests fail fast), else 0.",
+            LABELS,
+            multiprocess_mode="mostrecent",
+        )
         self.breaker_trips = Counter("aibrix_eic_breaker_trips", "Times the circuit breaker opened.", LABELS)
         self.sdk_calls_in_flight = Gauge(
-            "aibrix_eic_sdk_calls_in_flight", f"SDK calls running (sampled every {SAMPLE_INTERVAL_S:g} s).",
-            LABELS, multiprocess_mode="livesum",
-        )  # fmt: skip
+            "aibrix_eic_sdk_calls_in_flight",
+            f"SDK calls running (sampled every {SAMPLE_INTERVAL_S:g} s).",
+            LABELS,
+            multiprocess_mode="livesum",
+        )
         self.sdk_calls = Counter(
-            "aibrix_eic_sdk_calls", f"SDK calls made, by operation (published every {SAMPLE_INTERVAL_S:g} s).",
+            "aibrix_eic_sdk_calls",
+            f"SDK calls made, by operation (published every {SAMPLE_INTERVAL_S:g} s).",
             (*LABELS, "op"),
-        )  # fmt: skip
+        )
         self.write_behind_pending_bytes = Gauge(
             "aibrix_eic_write_behind_pending_bytes",
             f"Bytes of accepted writes not yet confirmed by EIC (sampled every {SAMPLE_INTERVAL_S:g} s).",
-            LABELS, multiprocess_mode="livesum",
-        )  # fmt: skip
+            LABELS,
+            multiprocess_mode="livesum",
+        )
         self.write_behind_blocks = Counter(
             "aibrix_eic_write_behind_blocks",
             "Write-behind blocks: accepted before EIC stored them, lost (accepted, then not stored: a later "
             "miss), served (read from a pending write).",
             (*LABELS, "outcome"),
-        )  # fmt: skip
+        )
         self.write_behind_waits = Counter(
-            "aibrix_eic_write_behind_waits", "Puts that waited for their own flush: pending bytes were at the bound.",
+            "aibrix_eic_write_behind_waits",
+            "Puts that waited for their own flush: pending bytes were at the bound.",
             LABELS,
-        )  # fmt: skip
+        )
         self.write_behind_flushes = Counter(
             "aibrix_eic_write_behind_flushes", "Flush rounds the write-behind flusher sent.", LABELS
         )
         self.registered_bytes = Gauge(
-            "aibrix_eic_registered_bytes", "Bytes of memory registered with EIC for zero-copy transfers.",
-            LABELS, multiprocess_mode="mostrecent",
-        )  # fmt: skip
+            "aibrix_eic_registered_bytes",
+            "Bytes of memory registered with EIC for zero-copy transfers.",
+            LABELS,
+            multiprocess_mode="mostrecent",
+        )
 
 
 _families: _Families | None = None

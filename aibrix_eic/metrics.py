@@ -21,16 +21,15 @@ per connector, so an update on the hot path is one lock and one add.
 
 import atexit
 import logging
-import os
 import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import prometheus_client
 from aibrix_kvcache.status import Status
 
+from .exporter import exporter_port, start_exporter
 from .metric_series import (
     BLOCK_OUTCOMES,
     LABELS,
@@ -45,9 +44,19 @@ from .metric_series import (
 from .teardown import OwnThread
 
 __all__ = [
-    "LABELS", "MULTIPROC_ENV", "NO_METRICS", "OPS", "ConnectorMetrics", "NoMetrics", "exporter_port",
-    "for_connector", "partition_of", "publish_all", "start_exporter", "WRITE_BEHIND_OUTCOMES",
-]  # fmt: skip
+    "LABELS",
+    "MULTIPROC_ENV",
+    "NO_METRICS",
+    "OPS",
+    "ConnectorMetrics",
+    "NoMetrics",
+    "exporter_port",
+    "for_connector",
+    "partition_of",
+    "publish_all",
+    "start_exporter",
+    "WRITE_BEHIND_OUTCOMES",
+]
 
 
 logger = logging.getLogger(__name__)
@@ -91,18 +100,28 @@ class ConnectorMetrics:
         self._started = dict.fromkeys(OPS, 0)
         self._published = dict.fromkeys(OPS, 0)
         self._wb_pending_bytes = f.write_behind_pending_bytes.labels(*labels)
-        self._wb_blocks = {field: f.write_behind_blocks.labels(*labels, outcome)
-                           for outcome, field in WRITE_BEHIND_OUTCOMES.items()}  # fmt: skip
+        self._wb_blocks = {
+            field: f.write_behind_blocks.labels(*labels, outcome) for outcome, field in WRITE_BEHIND_OUTCOMES.items()
+        }
         self._wb_waits = f.write_behind_waits.labels(*labels)
         self._wb_flushes = f.write_behind_flushes.labels(*labels)
-        self.pending_bytes: Callable[[], int] | None = None  # set by the connector; read by the sampler
+        self.pending_bytes: Callable[[], int] | None = None  # read by the sampler
         # Counters fields that map one to one onto a series.
-        self._plain = {"retries": self._retries, "timeouts": self._timeouts, "write_behind_waits": self._wb_waits,
-                       "write_behind_flushes": self._wb_flushes, "gdr_resends": self._gdr_resends,
-                       **self._wb_blocks}  # fmt: skip
+        self._plain = {
+            "retries": self._retries,
+            "timeouts": self._timeouts,
+            "write_behind_waits": self._wb_waits,
+            "write_behind_flushes": self._wb_flushes,
+            "gdr_resends": self._gdr_resends,
+            **self._wb_blocks,
+        }
         self._registered = f.registered_bytes.labels(*labels)
         self._breaker_open.set(0)
         self._registered.set(0)
+
+    def watch_pending_bytes(self, source: Callable[[], int]) -> None:
+        """Sample the write-behind pending bytes from `source`."""
+        self.pending_bytes = source
 
     # ------------------------------------------------ from Counters.add
     def counted(self, amounts: Mapping[str, int]) -> None:
@@ -242,6 +261,9 @@ class NoMetrics:
     labels: dict[str, str] = {}  # noqa: RUF012  (read-only: no labels)
     pending_bytes: Callable[[], int] | None = None
 
+    def watch_pending_bytes(self, source: Callable[[], int]) -> None:
+        pass  # shared by every connector without metrics: remembers nothing
+
     def counted(self, amounts: Mapping[str, int]) -> None:
         pass
 
@@ -289,44 +311,3 @@ def for_connector(config: Any, conn_id: str) -> "ConnectorMetrics | NoMetrics":
     )
     _sample(connector_metrics)
     return connector_metrics
-
-
-# How many ports above metrics_port a process tries: one per TP rank on a
-# node of 8 GPUs, and some slack for other processes using the range.
-EXPORTER_PORT_SPAN = 16
-_exporter_port: int | None = None
-_exporter_lock = threading.Lock()
-
-
-def start_exporter(first_port: int) -> int | None:
-    """Serve this process's metrics on the first free port from first_port
-    (once per process; TP workers on one node take consecutive ports).
-    Nothing is started in multiprocess mode, where vLLM's /metrics already
-    has them. Returns the port, or None."""
-    global _exporter_port
-    with _exporter_lock:
-        if _exporter_port is not None:
-            return _exporter_port
-        if os.environ.get(MULTIPROC_ENV):
-            logger.info("metrics_port ignored: %s is set, so vLLM's /metrics serves the EIC metrics", MULTIPROC_ENV)
-            return None
-        last_error: OSError | None = None
-        for port in range(first_port, first_port + EXPORTER_PORT_SPAN):
-            try:
-                prometheus_client.start_http_server(port)
-            except OSError as e:  # taken by another rank or process
-                last_error = e
-                continue
-            _exporter_port = port
-            logger.info("EIC connector metrics on :%d/metrics (pid %d)", port, os.getpid())
-            return port
-        logger.warning(
-            "EIC connector metrics: no free port in %d-%d (%s); metrics are not exported by this process",
-            first_port, first_port + EXPORTER_PORT_SPAN - 1, last_error,
-        )  # fmt: skip
-        return None
-
-
-def exporter_port() -> int | None:
-    """The port this process serves its metrics on, if it does."""
-    return _exporter_port

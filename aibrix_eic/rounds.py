@@ -13,14 +13,12 @@ from dataclasses import dataclass
 
 from aibrix_kvcache.status import Status, StatusCodes
 
-from .config import EICConfig
-from .counters import Counters
 from .dispatch import PUT, Chunk, Dispatcher
-from .link import Link, Session
-from .logs import RateLimitedLogger
+from .link import Session
 from .pending import Entry, Finished, PendingTable
 from .pool import PUT_PRIORITY, PriorityThreadPool
 from .resilience import Deadline
+from .runtime import Runtime
 from .sdk import HIT, MISS
 
 SendCall = Callable[[Session, Chunk | None, list[Entry], Deadline], None]
@@ -65,18 +63,23 @@ class RoundSender:
     thread of a round's last call; `drain_ended(drain)` when the pool
     cancelled that call (shutting down: no next round)."""
 
-    def __init__(self, table: PendingTable, config: EICConfig, link: Link, dispatcher: Dispatcher, counters: Counters,
-                 rate_log: RateLimitedLogger, next_round: Callable[[Drain], None],
-                 drain_ended: Callable[[Drain], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        table: PendingTable,
+        rt: Runtime,
+        dispatcher: Dispatcher,
+        next_round: Callable[[Drain], None],
+        drain_ended: Callable[[Drain], None],
+    ) -> None:
         self._table = table
-        self._config = config
-        self._link = link
+        self._config = rt.config
+        self._link = rt.link
         self._dispatcher = dispatcher
-        self._counters = counters
-        self._rate_log = rate_log
+        self._counters = rt.counters
+        self._rate_log = rt.rate_log
         self._next_round = next_round
         self._drain_ended = drain_ended
-        self._round_timeout_s = config.put_timeout_ms / 1000
+        self._round_timeout_s = rt.config.put_timeout_ms / 1000
 
     def send(self, drain: Drain, writes: list[Entry], deletes: list[Entry]) -> bool:
         """Start one round: its first SDK call here, the others on the pool.
@@ -105,8 +108,15 @@ class RoundSender:
         self._run_call(calls[0], session, deadline)
         return self._call_ended(countdown)
 
-    def _submit(self, pool: PriorityThreadPool, drain: Drain, countdown: "_Countdown", call: RoundCall,
-                session: Session, deadline: Deadline) -> None:  # fmt: skip
+    def _submit(
+        self,
+        pool: PriorityThreadPool,
+        drain: Drain,
+        countdown: "_Countdown",
+        call: RoundCall,
+        session: Session,
+        deadline: Deadline,
+    ) -> None:
         try:
             future = pool.submit(self._pool_call, drain, countdown, call, session, deadline, priority=PUT_PRIORITY)
         except RuntimeError:  # closed under us: nothing was sent
@@ -122,8 +132,9 @@ class RoundSender:
 
         future.add_done_callback(end_if_cancelled)
 
-    def _pool_call(self, drain: Drain, countdown: "_Countdown", call: RoundCall, session: Session,
-                   deadline: Deadline) -> None:  # fmt: skip
+    def _pool_call(
+        self, drain: Drain, countdown: "_Countdown", call: RoundCall, session: Session, deadline: Deadline
+    ) -> None:
         self._run_call(call, session, deadline)
         if self._call_ended(countdown):
             self._next_round(drain)  # the round's last call: take the next round on this thread

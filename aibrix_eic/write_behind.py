@@ -22,18 +22,16 @@ from concurrent.futures import Future
 from aibrix_kvcache.memory import MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes
 
-from .config import EICConfig
-from .counters import Counters
 from .device_memory import copy_region
 from .dispatch import DELETE as DELETE_OP
 from .dispatch import Dispatcher
 from .flusher import Flusher
-from .link import Link, Session
-from .logs import RateLimitedLogger
+from .link import Session
 from .outcomes import NOT_FOUND, OK, close_after, key_statuses
 from .pending import LOST, Ack, Finished, PendingTable
 from .request_guard import hold, release
 from .resilience import Deadline
+from .runtime import Runtime
 
 # Pending writes hold regions of AIBrix's allocator; past this share of the
 # memory registered with us (the allocator's slabs) puts wait instead, so
@@ -43,16 +41,15 @@ _CLOSED = Status(StatusCodes.ERROR, "put skipped: the EIC connector is closing")
 
 
 class WriteBehind:
-    def __init__(self, config: EICConfig, link: Link, dispatcher: Dispatcher, counters: Counters,
-                 rate_log: RateLimitedLogger) -> None:  # fmt: skip
-        self._config = config
-        self._link = link
+    def __init__(self, rt: Runtime, dispatcher: Dispatcher) -> None:
+        config = self._config = rt.config
+        self._link = rt.link
         self._dispatcher = dispatcher
-        self._counters = counters
+        self._counters = rt.counters
         self.enabled = config.put_mode != "direct"
         self._accept_early = config.put_mode == "write_behind"
         self.table = PendingTable(config.write_behind_max_bytes, config.write_behind_max_age_ms / 1000)
-        self._flusher = Flusher(self.table, config, link, dispatcher, counters, rate_log)
+        self._flusher = Flusher(self.table, rt, dispatcher)
         self._limit_for: tuple[int, int] = (-1, config.write_behind_max_bytes)  # (regions seen, limit)
 
     # ---------------------------------------------------------- lifecycle
@@ -132,8 +129,12 @@ class WriteBehind:
             if not self._flusher.draining:  # a running drain takes it with its next round
                 table.wake_flusher.notify()
         done.settle()
-        self._counters.add(puts=1, put_blocks=len(eic_keys), write_behind_blocks=len(eic_keys) if early else 0,
-                           write_behind_waits=0 if early or not self._accept_early else 1)  # fmt: skip
+        self._counters.add(
+            puts=1,
+            put_blocks=len(eic_keys),
+            write_behind_blocks=len(eic_keys) if early else 0,
+            write_behind_waits=0 if early or not self._accept_early else 1,
+        )
         if ack is None:
             return [OK] * len(eic_keys)
         timeout_s = self._config.put_timeout_ms / 1000
@@ -195,8 +196,9 @@ class WriteBehind:
         finally:
             release(mrs)
 
-    async def _mget_held(self, eic_keys: list[str], keys: Sequence[bytes], mrs: Sequence[MemoryRegion], from_eic,
-                         restore) -> list[Status]:  # fmt: skip
+    async def _mget_held(
+        self, eic_keys: list[str], keys: Sequence[bytes], mrs: Sequence[MemoryRegion], from_eic, restore
+    ) -> list[Status]:
         found = self._read_held(eic_keys, mrs)
         nkeys = len(keys)
         end = found.index(False) if False in found else nkeys
