@@ -91,6 +91,10 @@ class SdkTarget:
     def key(self, name: str) -> str:
         return self.key_prefix + name
 
+    def endpoint_with(self, params: str) -> str:
+        """This target's endpoint with more engine parameters."""
+        return f"{self.endpoint}{'&' if '?' in self.endpoint else '?'}{params}"
+
     @property
     def store(self):
         """The engine's Store behind this target (engine targets only)."""
@@ -100,13 +104,15 @@ class SdkTarget:
         return get_store(self.endpoint)
 
 
-@pytest.fixture(params=["engine", "eic"])
-def sdk_target(request) -> SdkTarget:
-    """The embedded engine always; the vendor SDK with --eic-config FILE."""
-    if request.param == "engine":
+@pytest.fixture(params=["engine", "shared", "eic"])
+def sdk_target(request, tmp_path) -> SdkTarget:
+    """The embedded engine, in-process and shared (a store in a directory),
+    always; the vendor SDK with --eic-config FILE."""
+    if request.param in ("engine", "shared"):
         import aibrix_eic.engine as engine
 
-        return SdkTarget("engine", engine, "test-instance", "conformance")
+        endpoint = "conformance" if request.param == "engine" else f"conformance?dir={tmp_path}"
+        return SdkTarget(request.param, engine, "test-instance", endpoint)
     path = request.config.getoption("--eic-config")
     if not path:
         pytest.skip("vendor SDK conformance needs --eic-config FILE")
