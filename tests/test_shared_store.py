@@ -160,3 +160,27 @@ def test_a_writer_killed_mid_put_leaves_whole_values_or_none(shared_dir, kill_af
     fresh = {f"k{i}": np.full(VALUE_BYTES, 250, np.uint8) for i in range(KEYS)}
     assert mset(c, fresh)[0] == eic.StatusCode.SUCCESS  # the killed writer's lock was recovered
     assert all((a == 250).all() for a in mget(c, dict.fromkeys(fresh, VALUE_BYTES))[1])
+
+
+def test_fault_knobs_and_namespaces_apply_to_this_process_handle(shared_dir):
+    base = f"faulty?dir={shared_dir}"
+    healthy = client(base)
+    value = {"k": np.full(256, 7, np.uint8)}
+    assert mset(healthy, value)[0] == eic.StatusCode.SUCCESS
+
+    failing = client(f"{base}&fail_rate=1")  # the same store, this process's knob
+    status, outcome = mset(failing, value)
+    assert status == eic.StatusCode.FAILED and list(outcome.status_codes) == [eic.StatusCode.FAILED]
+    get_store(base).faults.clear()
+
+    assert eic.Client().init("test", f"{base}&unreachable=true", eic.InitOption()) == -1
+    get_store(base).faults.clear()
+
+    restricted = client(f"{base}&namespaces=kv")
+    option = eic.ExistOption()
+    option.ns = "other"
+    status, outcome = restricted.mexist(eic.StringVector(["k"]), option)
+    assert list(outcome.status_codes) == [eic.StatusCode.NAMESPACE_NOT_FOUND]
+    get_store(base).namespaces = None  # like every parameter, it stays until changed
+    # The data was never touched by the knobs.
+    assert mget(client(base), {"k": 256})[0] == [eic.StatusCode.SUCCESS]
