@@ -114,50 +114,56 @@ class _Writer:
 
     def remove(self, db_key: bytes) -> int:
         """Drop a value and its bookkeeping; its size, or 0 if absent."""
-        txn, dbs = self.txn, self.dbs
-        meta = txn.get(db_key, db=dbs["meta"])
+        meta = self.txn.get(db_key, db=self.dbs["meta"])
         if meta is None:
             return 0
         seq, expires_at, nbytes = _META.unpack_from(meta)
-        txn.delete(db_key, db=dbs["values"])
-        txn.delete(db_key, db=dbs["meta"])
-        txn.delete(_SEQ.pack(seq), db=dbs["order"])
-        if math.isfinite(expires_at):
-            txn.delete(_EXPIRY.pack(expires_at, seq), db=dbs["expiry"])
+        self.txn.delete(db_key, db=self.dbs["values"])
+        self.txn.delete(db_key, db=self.dbs["meta"])
+        self._unorder(seq, expires_at)
         self.live -= nbytes
         return nbytes
 
     def publish(self, db_key: bytes, nbytes: int, expires_at: float, names: bytes) -> None:
+        """Count a value just stored under db_key and give it the newest place."""
+        self._order(db_key, nbytes, expires_at, names)
+        self.live += nbytes
+
+    def touch(self, db_key: bytes) -> None:
+        """Move a value to the most-recent end (a hit some read remembered)."""
+        meta = self.txn.get(db_key, db=self.dbs["meta"])
+        if meta is None:
+            return  # deleted or evicted since
+        seq, expires_at, nbytes = _META.unpack_from(meta)
+        self._unorder(seq, expires_at)
+        self._order(db_key, nbytes, expires_at, bytes(meta[_META.size :]))
+
+    def _order(self, db_key: bytes, nbytes: int, expires_at: float, names: bytes) -> None:
         self.seq += 1
         txn, dbs = self.txn, self.dbs
         txn.put(db_key, _META.pack(self.seq, expires_at, nbytes) + names, db=dbs["meta"])
         txn.put(_SEQ.pack(self.seq), db_key, db=dbs["order"])
         if math.isfinite(expires_at):
             txn.put(_EXPIRY.pack(expires_at, self.seq), db_key, db=dbs["expiry"])
-        self.live += nbytes
 
-    def touch(self, db_key: bytes) -> None:
-        """Move a value to the most-recent end (a hit some read remembered)."""
-        txn, dbs = self.txn, self.dbs
-        meta = txn.get(db_key, db=dbs["meta"])
-        if meta is None:
-            return
-        seq, expires_at, nbytes = _META.unpack_from(meta)
-        txn.delete(_SEQ.pack(seq), db=dbs["order"])
+    def _unorder(self, seq: int, expires_at: float) -> None:
+        self.txn.delete(_SEQ.pack(seq), db=self.dbs["order"])
         if math.isfinite(expires_at):
-            txn.delete(_EXPIRY.pack(expires_at, seq), db=dbs["expiry"])
-        self.publish(db_key, nbytes, expires_at, bytes(meta[_META.size :]))
-        self.live -= nbytes  # publish counted it again
+            self.txn.delete(_EXPIRY.pack(expires_at, seq), db=self.dbs["expiry"])
 
     def expire_due(self, now: float) -> None:
         cursor = self.txn.cursor(db=self.dbs["expiry"])
         while cursor.first():
-            expires_at, _ = _EXPIRY.unpack(cursor.key())
+            expires_at, seq = _EXPIRY.unpack(cursor.key())
             if expires_at > now:
                 break
-            if self.remove(bytes(cursor.value())) == 0:
-                cursor.delete()  # stale entry of a value already gone
-            self.stats.expirations += 1
+            db_key = bytes(cursor.value())
+            meta = self.txn.get(db_key, db=self.dbs["meta"])
+            if meta is not None and _META.unpack_from(meta)[0] == seq:
+                self.remove(db_key)  # drops this entry too
+                self.stats.expirations += 1
+            else:
+                cursor.delete()  # an entry no value owns any more
 
     def make_room(self, nbytes: int) -> None:
         """Evict least-recently-used values until `nbytes` more fit."""
