@@ -284,6 +284,7 @@ def test_every_documented_param_is_parsed():
         "unreachable",
         "phantom_rate",
         "seed",
+        "dir",
     }
 
 
