@@ -47,7 +47,7 @@ from linearizability import FOREIGN, Finding, History, check, decode, explain, p
 from aibrix_eic.engine import Faults, get_store
 
 SECONDS = float(os.environ.get("AIBRIX_EIC_CHECKER_SECONDS", "4"))
-SEED = int(os.environ.get("AIBRIX_EIC_CHECKER_SEED", "5"))
+SEED = int(os.environ.get("AIBRIX_EIC_CHECKER_SEED", "7"))
 TASKS = 8
 NKEYS = 12
 BLOCK = 1024
