@@ -5,6 +5,8 @@ module imports aibrix_kvcache.
 """
 
 import os
+import shutil
+import tempfile
 import uuid
 from dataclasses import dataclass
 from types import ModuleType
@@ -102,6 +104,10 @@ class SdkTarget:
     def key(self, name: str) -> str:
         return self.key_prefix + name
 
+    def endpoint_with(self, params: str) -> str:
+        """This target's endpoint with more engine parameters."""
+        return f"{self.endpoint}{'&' if '?' in self.endpoint else '?'}{params}"
+
     @property
     def store(self):
         """The engine's Store behind this target (engine targets only)."""
@@ -111,13 +117,27 @@ class SdkTarget:
         return get_store(self.endpoint)
 
 
-@pytest.fixture(params=["engine", "eic"])
+@pytest.fixture
+def shared_dir(tmp_path):
+    """A directory for a shared engine store: on tmpfs where there is one
+    (as in service), so tests write no pages back to disk."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else str(tmp_path)
+    path = tempfile.mkdtemp(prefix="aibrix-eic-test-", dir=base)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(params=["engine", "shared", "eic"])
 def sdk_target(request) -> SdkTarget:
-    """The embedded engine always; the vendor SDK with --eic-config FILE."""
-    if request.param == "engine":
+    """The embedded engine, in-process and shared (a store in a directory),
+    always; the vendor SDK with --eic-config FILE."""
+    if request.param in ("engine", "shared"):
         import aibrix_eic.engine as engine
 
-        return SdkTarget("engine", engine, "test-instance", "conformance")
+        endpoint = "conformance"
+        if request.param == "shared":
+            endpoint += f"?dir={request.getfixturevalue('shared_dir')}"
+        return SdkTarget(request.param, engine, "test-instance", endpoint)
     path = request.config.getoption("--eic-config")
     if not path:
         pytest.skip("vendor SDK conformance needs --eic-config FILE")

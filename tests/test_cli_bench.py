@@ -12,9 +12,12 @@ import sys
 import pytest
 from harness import write_config
 
+import aibrix_eic
 from aibrix_eic.cli import main
+from aibrix_eic.cli.driver import EMBEDDED_STORE
 from aibrix_eic.cli.progress import ProgressBar
 from aibrix_eic.cli.shapes import SHAPES
+from aibrix_eic.engine import get_store
 from aibrix_eic.engine.store import Store
 
 SMALL = ["--tokens", "64", "--requests", "2", "--warmup", "1", "--no-progress"]
@@ -244,3 +247,43 @@ def test_console_script_bench_json():
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["hit_rate"] == 1.0
     assert done.stderr == ""  # no progress bar when piped, no library noise
+
+
+def test_the_report_says_the_store_was_in_process(capsys):
+    code, out, _ = run_bench(capsys, *SMALL, "--json")
+    assert code == 0
+    assert json.loads(out)["backend"]["store_mode"] == "in-process"
+    code, out, _ = run_bench(capsys, *SMALL)
+    assert "store     the embedded engine, in-process" in out
+
+
+def test_two_bench_processes_run_against_one_shared_store(capsys, shared_dir):
+    """The first run is another OS process: its blocks are in the store this
+    process opens, and a second run here uses that store."""
+    repo_root = os.path.dirname(os.path.dirname(os.path.abspath(aibrix_eic.__file__)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIBRIX_KV_CACHE_OL_EIC_CONFIG")}
+    first = subprocess.run(
+        [sys.executable, "-m", "aibrix_eic", "bench", *SMALL, "--json", "--shared-dir", shared_dir],
+        env={**env, "PYTHONPATH": repo_root},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert first.returncode == 0, first.stderr
+    first_summary = json.loads(first.stdout)
+    assert (first_summary["backend"]["store_mode"], first_summary["backend"]["store_dir"]) == ("shared", shared_dir)
+
+    written_by_first = len(get_store(f"{EMBEDDED_STORE}?dir={shared_dir}"))
+    assert written_by_first >= first_summary["workload"]["blocks_per_request"]
+
+    code, out, _ = run_bench(capsys, *SMALL, "--json", "--shared-dir", shared_dir)
+    assert code == 0
+    assert json.loads(out)["backend"]["store_mode"] == "shared"
+    code, out, _ = run_bench(capsys, *SMALL, "--shared-dir", shared_dir)
+    assert f"store     the embedded engine, shared: a store in {shared_dir}" in out
+
+
+def test_shared_dir_with_a_config_is_refused(capsys, tmp_path):
+    config = write_config(str(tmp_path / "eic.yaml"), remote_url="local://")
+    code, _, err = run_bench(capsys, *SMALL, "--config", config, "--shared-dir", str(tmp_path))
+    assert code == 2 and "--shared-dir" in err

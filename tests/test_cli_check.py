@@ -311,3 +311,13 @@ def test_version_names_ours_and_what_we_run_with(capsys):
     out = capsys.readouterr().out
     assert out.startswith(f"aibrix-eic {__version__} (aibrix-kvcache 0.8")
     assert "torch " in out and "Python 3." in out
+
+
+def test_every_step_passes_on_a_shared_store_and_the_sdk_step_says_where_it_is(capsys, tmp_path, shared_dir):
+    path = config_file(tmp_path, remote_url=f"local://checked?dir={shared_dir}", eic_kv_ttl=60)
+    code, out = run_check(capsys, "--config", path)
+    assert code == 0, out
+    for step in STEPS:
+        assert verdict_of(out, step) == "PASS", out
+    assert f"shared store 'checked' in {shared_dir}/checked" in out
+    assert len(engine.get_store(f"checked?dir={shared_dir}")) == 0  # check leaves no keys behind

@@ -319,6 +319,7 @@ def test_every_documented_param_is_parsed():
         "gdr_write_fail_rate",
         "mexist_miss",
         "seed",
+        "dir",
     }
 
 

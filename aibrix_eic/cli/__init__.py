@@ -110,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--requests", type=_whole_number(1), default=8, help="timed requests (default 8)")
     bench.add_argument("--warmup", type=_whole_number(0), default=2, help="untimed requests first (default 2)")
     bench.add_argument("--seed", type=int, default=0, help="seed of the random prompts and KV bytes")
+    bench.add_argument(
+        "--shared-dir",
+        metavar="DIR",
+        help="without --config: keep the embedded engine's store in DIR (its shared mode), "
+        "so that several bench processes run against one store",
+    )
     bench.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     bench.add_argument("--plot", metavar="PNG", help="draw throughput and latency plots into this file")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -29,6 +29,13 @@ def run_bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         except PlotUnavailable as e:
             print(f"aibrix-eic bench: {e}", file=err)
             return 2
+    if args.config and args.shared_dir:
+        print(
+            "aibrix-eic bench: --shared-dir is for the engine config bench writes itself; "
+            "with --config, put ?dir=DIR in its remote_url instead",
+            file=err,
+        )
+        return 2
     env = {ENV_CONFIG: args.config} if args.config else {}
     with scoped_env(env):
         try:
@@ -38,7 +45,7 @@ def run_bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             print("docs/config.md lists every key; `aibrix-eic check` runs the same validation", file=err)
             return 1
         try:
-            driver = ManagerDriver(shape, args.tokens, seed=args.seed)
+            driver = ManagerDriver(shape, args.tokens, seed=args.seed, shared_dir=args.shared_dir)
         except ValueError as e:
             print(f"aibrix-eic bench: {e}", file=err)
             return 2
@@ -125,9 +132,23 @@ def _backend_info(driver: ManagerDriver, connector) -> dict[str, Any]:
         "config": driver.config_path or None,
         "remote_url": getattr(config, "remote_url", "?"),
         "embedded_engine": bool(getattr(config, "uses_embedded_engine", False)),
+        **_store_mode(config),
         "manager": type(driver.manager).__name__,
         "connector": f"{kind.__module__}.{kind.__qualname__}",
     }
+
+
+def _store_mode(config) -> dict[str, Any]:
+    """Where the blocks went: an EIC cluster, or the embedded engine's
+    in-process store, or its shared one (which other processes see too)."""
+    if config is None or not config.uses_embedded_engine:
+        return {"store_mode": "eic", "store_dir": None}
+    from ..engine import parse_endpoint
+
+    _, params = parse_endpoint(config.endpoint)
+    if "dir" in params:
+        return {"store_mode": "shared", "store_dir": params["dir"]}
+    return {"store_mode": "in-process", "store_dir": None}
 
 
 def _exit_status(summary: dict[str, Any], err: TextIO) -> int:

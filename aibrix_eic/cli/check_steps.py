@@ -131,7 +131,9 @@ class CheckSteps:
                     notes.append(f"{name} {getattr(faults, name):g}")
             if faults.unreachable:
                 notes.append("unreachable")
-            return PASS, f"embedded engine (aibrix_eic.engine), store {store.name!r}: {', '.join(notes)}"
+            directory = getattr(store, "path", None)  # the shared mode's; in-process stores have none
+            where = f"shared store {store.name!r} in {directory}" if directory else f"store {store.name!r}"
+            return PASS, f"embedded engine (aibrix_eic.engine), {where}: {', '.join(notes)}"
         version = getattr(self.sdk, "__version__", "version unknown")
         return PASS, f"vendor SDK `eic` ({version}) from {getattr(self.sdk, '__file__', '?')}"
 

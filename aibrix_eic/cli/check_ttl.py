@@ -18,8 +18,9 @@ class TtlSteps(CheckSteps):
     def _engine_store(self):
         from ..engine import get_store, parse_endpoint
 
-        name, _ = parse_endpoint(self.cfg.endpoint)
-        return get_store(name)
+        name, params = parse_endpoint(self.cfg.endpoint)
+        # Only the store's identity: its other parameters were applied at init.
+        return get_store(f"{name}?dir={params['dir']}" if "dir" in params else name)
 
     def _check_ttl_with_engine_clock(self) -> tuple[str, str]:
         """Move the embedded store's clock instead of waiting."""

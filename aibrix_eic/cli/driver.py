@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
 
 from ..config import ENV_CONFIG, config_path_from_env
 from .runtime import scoped_env
@@ -97,19 +98,23 @@ class RequestResult:
         return sum(self.seconds.get(op, 0.0) for op in ("lookup", "acquire", "verify", "release"))
 
 
-def embedded_engine_config(directory: str, capacity_nbytes: int) -> str:
-    """A config for the embedded engine sized for the workload."""
+def embedded_engine_config(directory: str, capacity_nbytes: int, shared_dir: str | None = None) -> str:
+    """A config for the embedded engine sized for the workload; with
+    shared_dir, its shared mode: a store other processes can open too."""
     path = os.path.join(directory, "bench-eic.yaml")
+    capacity_mib = -(-capacity_nbytes // 1024**2)
+    url = f"local://{EMBEDDED_STORE}?capacity={capacity_mib}MiB"
+    if shared_dir:
+        url += f"&dir={os.path.abspath(shared_dir)}"
     with open(path, "w", encoding="utf-8") as fout:
-        capacity_mib = -(-capacity_nbytes // 1024**2)
-        fout.write(f'remote_url: "local://{EMBEDDED_STORE}?capacity={capacity_mib}MiB"\n')
+        yaml.safe_dump({"remote_url": url}, fout)
     return path
 
 
 class ManagerDriver:
     """One BaseKVCacheManager for one model shape and prompt length."""
 
-    def __init__(self, shape: ModelShape, tokens: int, seed: int = 0) -> None:
+    def __init__(self, shape: ModelShape, tokens: int, seed: int = 0, shared_dir: str | None = None) -> None:
         self.shape = shape
         self.tokens = tokens - tokens % shape.block_ntokens
         if self.tokens <= 0:
@@ -117,6 +122,7 @@ class ManagerDriver:
         self.nblocks = self.tokens // shape.block_ntokens
         self.block_nbytes = shape.block_nbytes
         self.seed = seed
+        self.shared_dir = shared_dir  # the embedded engine's shared mode, when set
         self.manager: Any = None  # aibrix_kvcache's BaseKVCacheManager once started
         self.config_path = ""  # the user's config; "" for the embedded engine
         rng = np.random.default_rng(seed)
@@ -138,7 +144,7 @@ class ManagerDriver:
                 directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="aibrix-eic-bench-"))
                 # Room for two requests: the one being reloaded and the last.
                 capacity = max(2 * self.request_nbytes, 64 * 1024**2)
-                env[ENV_CONFIG] = embedded_engine_config(directory, capacity)
+                env[ENV_CONFIG] = embedded_engine_config(directory, capacity, self.shared_dir)
             stack.enter_context(scoped_env(env))
             saved_threads = torch.get_num_threads()
             # One thread for the stand-in copies: idle OpenMP workers spin and

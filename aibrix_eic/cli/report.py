@@ -96,6 +96,13 @@ def summarize(
     }
 
 
+STORE_MODES = {
+    "eic": "an EIC cluster",
+    "in-process": "the embedded engine, in-process: this process alone sees the blocks",
+    "shared": "the embedded engine, shared: a store in {dir} that every process opening it sees",
+}
+
+
 def render_text(summary: dict[str, Any]) -> str:
     model, work, backend = summary["model"], summary["workload"], summary["backend"]
     latency = summary["latency_ms"]
@@ -109,6 +116,7 @@ def render_text(summary: dict[str, Any]) -> str:
         f"          {format_size(model['bytes_per_token'])}/token, {format_size(model['block_nbytes'])}/block "
         f"({model['block_ntokens']} tokens, {model['dtype']}, LCND)",
         f"backend   {backend['remote_url']} via {backend['manager']} -> {backend['connector']}",
+        f"store     {STORE_MODES[backend['store_mode']].format(dir=backend['store_dir'])}",
         f"workload  {work['requests']} requests x {work['tokens_per_request']} tokens "
         f"({work['blocks_per_request']} blocks, {format_size(work['bytes_per_request'])} each), "
         f"{work['warmup_requests']} warm-up",

@@ -9,19 +9,26 @@ cluster share its data. An endpoint is `[name][?param=value&...]`:
     "bench?fail_rate=0.1"            the store "bench"
     "10.0.0.1:12500"                 a store named after an eic:// address,
                                      for callers that use the engine as `eic`
+    "kv?dir=/dev/shm/aibrix-eic"     "kv" kept in that directory, shared by
+                                     every process that names it (shared_store.py)
 
 Parameters given on a later init re-apply to the existing store; parameters
 left out keep their current value. docs/engine.md lists them.
 """
 
 import difflib
+import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 from ..units import exact_size_text, parse_duration, parse_size
 from .store import MEXIST_MISS_READINGS, Store
+from .store_api import StoreApi
+
+if TYPE_CHECKING:
+    from .shared_store import SharedStore
 
 # Upper bounds of the numeric parameters: far above any test or benchmark,
 # low enough that no value overflows a sleep or an allocation size.
@@ -77,6 +84,12 @@ def _parse_seed(text: str) -> int:
     return int(text)
 
 
+def _parse_dir(text: str) -> str:
+    if not text.strip():
+        raise ValueError("expected a directory path, got an empty one")
+    return text
+
+
 # param name -> (parser, where it applies)
 ENDPOINT_PARAMS: dict[str, Callable[[str], Any]] = {
     "capacity": _bounded_size(MAX_CAPACITY),
@@ -90,6 +103,7 @@ ENDPOINT_PARAMS: dict[str, Callable[[str], Any]] = {
     "gdr_write_fail_rate": _parse_rate,
     "mexist_miss": _parse_mexist_miss,
     "seed": _parse_seed,
+    "dir": _parse_dir,
 }
 
 
@@ -118,7 +132,7 @@ _stores: dict[str, Store] = {}
 _stores_lock = threading.Lock()
 
 
-def apply_params(store: Store, params: dict[str, Any]) -> None:
+def apply_params(store: StoreApi, params: dict[str, Any]) -> None:
     if "capacity" in params:
         store.set_capacity(params["capacity"])
     if "max_value" in params:
@@ -144,25 +158,36 @@ def apply_params(store: Store, params: dict[str, Any]) -> None:
         faults.reseed(params["seed"])
 
 
-def open_store(endpoint: str) -> Store:
+def open_store(endpoint: str) -> StoreApi:
     """The store an endpoint names, created on first use, params applied."""
     name, params = parse_endpoint(endpoint)
-    with _stores_lock:
-        store = _stores.get(name)
-        if store is None:
-            store = _stores[name] = Store(name=name)
+    store: StoreApi
+    if "dir" in params:
+        from .shared_store import open_shared_store  # imports lmdb only when used
+
+        store = open_shared_store(name, params["dir"], params.get("capacity"))
+    else:
+        with _stores_lock:
+            if name not in _stores:
+                _stores[name] = Store(name=name)
+            store = _stores[name]
     apply_params(store, params)
     return store
 
 
-def get_store(name: str = "default") -> Store:
-    """The store called `name`, created empty with defaults if needed."""
-    return open_store(name)
+def get_store(name: str = "default") -> "Store | SharedStore":
+    """The store called `name` (or `name?dir=DIR` for a shared one), created
+    with defaults if needed."""
+    return open_store(name)  # type: ignore[return-value]
 
 
 def reset_stores() -> None:
-    """Forget every store (tests use this between cases)."""
+    """Forget every store (tests use this between cases). Shared stores are
+    only forgotten: their data belongs to their directory."""
     with _stores_lock:
         for store in _stores.values():
             store.clear()
         _stores.clear()
+    shared = sys.modules.get(__package__ + ".shared_store")
+    if shared is not None:
+        shared.forget_shared_stores()

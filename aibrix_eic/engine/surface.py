@@ -23,7 +23,7 @@ from .. import intervals
 from . import device
 from .enums import LogLevel, MemoryType, StatusCode, TransportType, overall_status
 from .registry import open_store
-from .store import Store
+from .store_api import StoreApi
 
 
 class StringVector(list):
@@ -121,7 +121,7 @@ class Client:
     """An EIC client bound to one named Store after `init`."""
 
     def __init__(self) -> None:
-        self._store: Store | None = None
+        self._store: StoreApi | None = None
         self._instance_id: str | None = None
         self._registered: intervals.Index = intervals.EMPTY
         self._device: intervals.Index = intervals.EMPTY  # the registered regions that are device memory
@@ -179,7 +179,7 @@ class Client:
         return {"on_device": [intervals.covers(index, addr, length) for addr, length in buffers]}
 
     # ------------------------------------------------------------ data path
-    def _begin_call(self, keys: Sequence[str], ns: str) -> Store | tuple[StatusCode, Outcome]:
+    def _begin_call(self, keys: Sequence[str], ns: str) -> StoreApi | tuple[StatusCode, Outcome]:
         """The bound store, or the reply this call must return without it:
         empty calls succeed; an unbound client, an injected whole-call
         failure or an unknown namespace fail every key."""
@@ -199,7 +199,7 @@ class Client:
         return store
 
     def _screen(
-        self, store: Store, keys: Sequence[str], vals: IOBuffers, max_value_bytes: int | None, writing: bool = False
+        self, store: StoreApi, keys: Sequence[str], vals: IOBuffers, max_value_bytes: int | None, writing: bool = False
     ) -> tuple[list[StatusCode], list[int], list[str], list[tuple[int, int]]]:
         """Per-key checks before the store is touched: bad buffers, memory not
         registered, oversize values, injected GDR and key failures. Returns
@@ -243,7 +243,7 @@ class Client:
         if len(keys) != len(vals) or option.ttl_second == 0 or option.ttl_second < -1:
             return _failed(len(keys), StatusCode.INVALID_ARGUMENT)
         store = self._begin_call(keys, option.ns)
-        if not isinstance(store, Store):
+        if isinstance(store, tuple):
             return store
         codes, todo_index, todo_keys, todo_buffers = self._screen(
             store, keys, vals, store.max_value_bytes, writing=True
@@ -265,7 +265,7 @@ class Client:
             status, outcome = _failed(len(keys), StatusCode.INVALID_ARGUMENT)
             return status, vals, outcome
         store = self._begin_call(keys, option.ns)
-        if not isinstance(store, Store):
+        if isinstance(store, tuple):
             return store[0], vals if vals is not None else [], store[1]
         if vals is None:
             return self._mget_as_bytes(store, keys, option.ns)
@@ -275,7 +275,7 @@ class Client:
             codes = self._merge(codes, todo_index, fetched)
         return overall_status(codes), vals, Outcome(codes)
 
-    def _mget_as_bytes(self, store: Store, keys: Sequence[str], ns: str) -> tuple[StatusCode, list, Outcome]:
+    def _mget_as_bytes(self, store: StoreApi, keys: Sequence[str], ns: str) -> tuple[StatusCode, list, Outcome]:
         import ctypes
 
         values: list[bytes | None] = []
@@ -295,7 +295,7 @@ class Client:
     def mexist(self, keys: Sequence[str], option: ExistOption | None = None) -> tuple[StatusCode, Outcome]:
         option = option or ExistOption()
         store = self._begin_call(keys, option.ns)
-        if not isinstance(store, Store):
+        if isinstance(store, tuple):
             return store
         faults = store.faults
         codes = []
@@ -310,7 +310,7 @@ class Client:
     def mdel(self, keys: Sequence[str], option: DelOption | None = None) -> tuple[StatusCode, Outcome]:
         option = option or DelOption()
         store = self._begin_call(keys, option.ns)
-        if not isinstance(store, Store):
+        if isinstance(store, tuple):
             return store
         codes = [
             StatusCode.SUCCESS if removed else StatusCode.KEY_NOT_EXIST
