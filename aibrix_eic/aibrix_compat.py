@@ -16,14 +16,14 @@ docs/operations.md.
 """
 
 import asyncio
+import contextvars
 import logging
 import os
 import sys
+import threading
 import types
 import weakref
 from concurrent.futures import CancelledError, Future
-
-from .request_guard import CURRENT_GUARD, RequestGuard
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,27 @@ CACHE_MANAGER_MODULE = "aibrix_kvcache.cache_manager"
 # releases anyway, and the connector's own references still keep the memory
 # out of the allocator while an SDK call may touch it.
 DRAIN_TIMEOUT_S = 5.0
+
+
+class RequestGuard:
+    """Shared by one AIBrix request's caller thread and its coroutine."""
+
+    __slots__ = ("lock", "abandoned", "started", "finished")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.abandoned = False
+        self.started = False  # the coroutine began running
+        self.finished = threading.Event()  # ...and has ended
+
+    def abandon(self) -> bool:
+        """The caller gives up; True when the coroutine had started."""
+        with self.lock:
+            self.abandoned = True
+            return self.started
+
+
+CURRENT_GUARD: contextvars.ContextVar[RequestGuard | None] = contextvars.ContextVar("aibrix_eic_guard", default=None)
 
 
 class _OrderedTimeoutFuture:

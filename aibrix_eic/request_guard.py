@@ -7,40 +7,19 @@ it touches any of them, through `hold`. Two things make that refusal-proof:
   and the reference are one step under the region's own lock, so AIBrix's
   release cannot slip in between;
 - a request whose caller has given up on it (AIBrix's timeout fired, see
-  aibrix_compat.order_timeouts) carries an abandoned RequestGuard in its
-  context; `hold` and the abandonment take the guard's lock, so either the
-  connector holds its references before AIBrix releases (and the memory
-  stays out of the allocator until the connector lets go), or it never
-  touches the regions at all.
+  aibrix_compat.order_timeouts, which defines RequestGuard) carries an
+  abandoned guard in its context; `hold` and the abandonment take the
+  guard's lock, so either the connector holds its references before AIBrix
+  releases (and the memory stays out of the allocator until the connector
+  lets go), or it never touches the regions at all.
 """
 
-import contextvars
-import threading
 from collections.abc import Sequence
 
 from aibrix_kvcache.memory import MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes
 
-
-class RequestGuard:
-    """Shared by one AIBrix request's caller thread and its coroutine."""
-
-    __slots__ = ("lock", "abandoned", "started", "finished")
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.abandoned = False
-        self.started = False  # the coroutine began running
-        self.finished = threading.Event()  # ...and has ended
-
-    def abandon(self) -> bool:
-        """The caller gives up; True when the coroutine had started."""
-        with self.lock:
-            self.abandoned = True
-            return self.started
-
-
-CURRENT_GUARD: contextvars.ContextVar[RequestGuard | None] = contextvars.ContextVar("aibrix_eic_guard", default=None)
+from .aibrix_compat import CURRENT_GUARD
 
 
 def _ref_up_if_alive(mr: MemoryRegion) -> bool:

@@ -45,14 +45,14 @@ class Worker:
         published = fake_vllm_config(hf_overrides={"rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
         vllm_config.get_current_vllm_config_or_none = lambda: published
         sys.modules["vllm.config"] = vllm_config
-        from harness import block_spec, make_manager
+        from harness import block_spec, connector_of, make_manager
         from poison import PoisonWatch
 
         self.spec = block_spec(**spec_args)
         self.manager = make_manager(self.spec)
         del sys.modules["vllm.config"]  # vLLM clears it after building the connector
         self.poison = PoisonWatch(self.manager._allocator)
-        self.connector = self.manager._l2_cache._backend
+        self.connector = connector_of(self.manager)
         self.loop = asyncio.new_event_loop()
 
     # ------------------------------------------------------------- commands
