@@ -19,7 +19,7 @@ def health() -> list[dict]:
     """`health()` of every EIC connector alive in this process (one per TP
     rank in a vLLM worker): the counters and breaker state that the
     `aibrix_eic_*` metrics also export. docs/operations.md lists the fields."""
-    from .live import health as _health
+    from .observability.health import health as _health
 
     return _health()
 

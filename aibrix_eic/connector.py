@@ -36,10 +36,10 @@ from typing import Any
 from aibrix_kvcache.memory import MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes
 
-from .checks import InvalidRequest, check_lengths, eic_keys
+from .aibrix_compat.tokens import restore_tokens, with_tokens
 from .lifecycle import ConnectorLifecycle
-from .outcomes import DELETE_SKIPPED, FAST_MISS, PUT_SKIPPED, request_outcome
-from .tokens import restore_tokens, with_tokens
+from .request.checks import InvalidRequest, check_lengths, eic_keys
+from .request.statuses import DELETE_SKIPPED, FAST_MISS, PUT_SKIPPED, request_outcome
 
 # The requests the metrics count, by their name there; get() and put() go
 # through mget() and mput(), so each request is counted once. exists() is

@@ -12,25 +12,25 @@ import torch
 from aibrix_kvcache.l2.connectors import Connector, ConnectorFeature
 from aibrix_kvcache.status import Status, StatusCodes
 
-from . import live
-from .aibrix_compat import order_timeouts
-from .checks import BlockChecker, InvalidRequest, slab_regions
-from .codec import KeyCodec
+from .aibrix_compat.timeouts import order_timeouts
 from .config import ConfigError, EICConfig, warn_about_env
-from .counters import Counters
-from .direct import DirectRequests
-from .dispatch import Dispatcher
-from .exists_batch import ExistsBatcher
-from .identity import ModelIdentity, announce, resolve_identity
-from .link import Link
-from .logs import RateLimitedLogger
-from .metrics import for_connector
-from .outcomes import OK
-from .resilience import CircuitBreaker
-from .runtime import Runtime
-from .sdk import load_sdk_module
-from .teardown import close_may_wait
-from .write_behind import WriteBehind
+from .keys.codec import KeyCodec
+from .keys.identity import ModelIdentity, announce, resolve_identity
+from .link.link import Link
+from .link.resilience import CircuitBreaker
+from .link.runtime import Runtime
+from .link.sdk import load_sdk_module
+from .observability import health as live
+from .observability.counters import Counters
+from .observability.logs import RateLimitedLogger
+from .observability.metrics import for_connector
+from .request.checks import BlockChecker, InvalidRequest, slab_regions
+from .request.direct import DirectRequests
+from .request.dispatch import Dispatcher
+from .request.exists import ExistsBatcher
+from .request.statuses import OK
+from .util.teardown import close_may_wait
+from .writes.write_behind import WriteBehind
 
 logger = logging.getLogger(__name__)
 

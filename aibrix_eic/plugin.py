@@ -36,7 +36,7 @@ class _ShimLoader:
     def exec_module(self, module) -> None:
         # AIBrix imports this module when it builds the cache manager, in the
         # worker, after vLLM configured its logging.
-        from aibrix_eic.logs import route_to_vllm
+        from aibrix_eic.observability.logs import route_to_vllm
 
         route_to_vllm()
         from aibrix_eic.connector import EICConnector
@@ -92,7 +92,7 @@ def is_installed() -> bool:
 
 def register() -> None:
     """vLLM general plugin entry point: runs in every vLLM process."""
-    from aibrix_eic.logs import route_to_vllm
+    from aibrix_eic.observability.logs import route_to_vllm
 
     install()
     route_to_vllm()

@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 
-from aibrix_eic.codec import KeyCodec
+from aibrix_eic.keys.codec import KeyCodec
 
 GOAL_KEYS_PER_S = 300_000
 CONN_ID = "aibrix_h0_7_l0_31_lcnd16roc"

@@ -26,7 +26,7 @@ import tracemalloc
 import numpy as np
 
 import aibrix_eic.engine as eic
-from aibrix_eic.units import format_size, parse_size
+from aibrix_eic.util.units import format_size, parse_size
 
 SIZES = [64 << 10, 256 << 10, 1 << 20, 2 << 20, 4 << 20]
 GOAL_FROM_BYTES = 1 << 20

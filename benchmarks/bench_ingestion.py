@@ -41,10 +41,10 @@ from aibrix_kvcache import BaseKVCacheManager, KVCacheConfig, TokenListView  # n
 from aibrix_kvcache.spec import KVCacheBlockLayout, KVCacheBlockSpec, KVCacheTensorSpec, ModelSpec  # noqa: E402
 
 import aibrix_eic  # noqa: E402
+from aibrix_eic.aibrix_compat.upstream import load_upstream_connector_class  # noqa: E402
 from aibrix_eic.cli.runtime import scoped_env  # noqa: E402
 from aibrix_eic.config import ENV_CONFIG, ENV_CONFIG_UPSTREAM  # noqa: E402
 from aibrix_eic.engine import get_store  # noqa: E402
-from aibrix_eic.upstream import load_upstream_connector_class  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from compare_connectors import NoopConnector, eic_backend_is, write_yaml  # noqa: E402

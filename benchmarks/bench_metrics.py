@@ -167,10 +167,10 @@ def instrument_cost_us(repeats: int = 3500) -> dict:
     connector makes for a put, a get and an exists round of the same shape."""
     from aibrix_kvcache.status import Status
 
-    from aibrix_eic.exists_batch import count_round
-    from aibrix_eic.metrics import ConnectorMetrics
-    from aibrix_eic.outcomes import unloaded_reasons
-    from aibrix_eic.sdk import HIT, CallResult
+    from aibrix_eic.link.sdk import HIT, CallResult
+    from aibrix_eic.observability.metrics import ConnectorMetrics
+    from aibrix_eic.request.exists import count_round
+    from aibrix_eic.request.statuses import unloaded_reasons
 
     m = ConnectorMetrics("bench-instrument", "bench", "h0_0_l0_7")
     ok = [Status.ok()] * NBLOCKS

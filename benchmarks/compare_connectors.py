@@ -66,10 +66,10 @@ from aibrix_kvcache.status import Status  # noqa: E402
 
 import aibrix_eic  # noqa: E402
 import aibrix_eic.engine as engine  # noqa: E402
+from aibrix_eic.aibrix_compat.upstream import load_upstream_connector_class  # noqa: E402
 from aibrix_eic.config import ENV_CONFIG, ENV_CONFIG_UPSTREAM  # noqa: E402
 from aibrix_eic.plugin import SHIM_MODULE  # noqa: E402
-from aibrix_eic.units import format_size  # noqa: E402
-from aibrix_eic.upstream import load_upstream_connector_class  # noqa: E402
+from aibrix_eic.util.units import format_size  # noqa: E402
 
 OP_BATCH = 32  # AIBRIX_KV_CACHE_OL_L2_CACHE_OP_BATCH default
 L2_WORKERS = 8  # AIBRIX_KV_CACHE_OL_L2_CACHE_NUM_ASYNC_WORKERS default

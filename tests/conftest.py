@@ -142,7 +142,7 @@ def sdk_target(request) -> SdkTarget:
     if not path:
         pytest.skip("vendor SDK conformance needs --eic-config FILE")
     from aibrix_eic.config import EICConfig
-    from aibrix_eic.sdk import load_sdk_module
+    from aibrix_eic.link.sdk import load_sdk_module
 
     config = EICConfig.load(path)
     module = load_sdk_module(config)

@@ -5,7 +5,7 @@ import torch
 from aibrix_kvcache.status import StatusCodes
 from connector_tools import ConnectorRig
 
-from aibrix_eic.codec import KeyCodec
+from aibrix_eic.keys.codec import KeyCodec
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aibrix_eic.canonical import Unidentifiable, canonical_text
+from aibrix_eic.keys.canonical import Unidentifiable, canonical_text
 
 SCALARS = st.none() | st.integers() | st.text(max_size=8)
 HASHABLE = st.recursive(SCALARS, lambda inner: st.frozensets(inner, max_size=3), max_leaves=6)

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aibrix_eic import codec
-from aibrix_eic.codec import FIELD_MAX, MAX_KEY_LEN, RAW_MAX, SAFE_CHARS, KeyCodec, decode
+from aibrix_eic.keys import codec
+from aibrix_eic.keys.codec import FIELD_MAX, MAX_KEY_LEN, RAW_MAX, SAFE_CHARS, KeyCodec, decode
 
 keys = st.binary(min_size=1, max_size=4 * RAW_MAX)
 fields = st.text(max_size=2 * FIELD_MAX)

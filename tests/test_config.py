@@ -182,7 +182,7 @@ def test_backoff_cap_below_base_is_rejected(tmp_path):
 
 
 def test_eic_url_without_sdk_names_what_to_install(tmp_path):
-    from aibrix_eic.sdk import load_sdk_module
+    from aibrix_eic.link.sdk import load_sdk_module
 
     config = load_text(tmp_path, "remote_url: eic://10.0.0.1:12500\neic_instance_id: x\n")
     with pytest.raises(ConfigError) as info:
@@ -330,7 +330,7 @@ def test_values_outside_their_bounds_name_the_key_and_the_bound(tmp_path, line, 
 
 
 def test_values_at_their_bounds_are_accepted(tmp_path):
-    from aibrix_eic.config_values import BOUNDS
+    from aibrix_eic.config.schema import BOUNDS
 
     lines = ["remote_url: local://"]
     for key, (_low, high) in BOUNDS.items():
@@ -350,7 +350,7 @@ def test_values_at_their_bounds_are_accepted(tmp_path):
 def test_every_number_key_has_its_bound_in_the_docs():
     from pathlib import Path
 
-    from aibrix_eic.config_values import BOUNDS, bound_text
+    from aibrix_eic.config.schema import BOUNDS, bound_text
 
     docs = (Path(__file__).parent.parent / "docs" / "config.md").read_text()
     for key in BOUNDS:

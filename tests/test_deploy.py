@@ -320,7 +320,7 @@ def exported_series() -> dict[str, set[str]]:
     from a live registry rather than written down twice."""
     from prometheus_client import REGISTRY
 
-    from aibrix_eic.metrics import ConnectorMetrics
+    from aibrix_eic.observability.metrics import ConnectorMetrics
 
     ConnectorMetrics("deploy-test", "", "h0_0_l0_0")
     series: dict[str, set[str]] = {}
@@ -334,7 +334,7 @@ def exported_series() -> dict[str, set[str]]:
 
 
 def label_values() -> dict[str, set[str]]:
-    from aibrix_eic import metrics
+    from aibrix_eic.observability import metrics
 
     return {
         "op": set(metrics.OPS),

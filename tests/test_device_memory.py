@@ -16,11 +16,11 @@ import torch
 from aibrix_kvcache.memory import TensorPoolAllocator
 from connector_tools import ConnectorRig
 
-from aibrix_eic import device_memory
 from aibrix_eic.engine import device as engine_device
 from aibrix_eic.engine import get_store
 from aibrix_eic.engine import store as engine_store
 from aibrix_eic.engine import surface as engine_surface
+from aibrix_eic.util import device_memory
 
 BLOCK = 4096
 HAS_CUDA = torch.cuda.is_available()

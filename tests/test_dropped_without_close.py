@@ -19,7 +19,7 @@ from harness import block_spec, connector_of, make_manager, send, tokens, use_co
 
 import aibrix_eic.engine as engine
 from aibrix_eic.engine import get_store
-from aibrix_eic.teardown import OwnThread, close_may_wait
+from aibrix_eic.util.teardown import OwnThread, close_may_wait
 
 BLOCK = 4096
 BOUND_S = 20.0  # a deadlock, not a speed goal: the work takes well under a second

@@ -20,7 +20,7 @@ from harness import (
 
 import aibrix_eic.engine as engine
 from aibrix_eic.engine import get_store
-from aibrix_eic.metrics import families
+from aibrix_eic.observability.metrics import families
 
 NBLOCKS = 6
 

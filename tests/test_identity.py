@@ -12,8 +12,8 @@ from fake_vllm import fake_vllm_config
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aibrix_eic.codec import SAFE_CHARS, escape_field
-from aibrix_eic.identity import TOKEN_LEN, current_vllm_config, resolve_identity, vllm_kv_factors
+from aibrix_eic.keys.codec import SAFE_CHARS, escape_field
+from aibrix_eic.keys.identity import TOKEN_LEN, current_vllm_config, resolve_identity, vllm_kv_factors
 
 
 def test_nothing_identifies_the_model_outside_vllm_without_model_id():

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from fake_vllm import fake_vllm_config
 
-from aibrix_eic.identity import resolve_identity
+from aibrix_eic.keys.identity import resolve_identity
 
 TESTS = Path(__file__).parent
 
@@ -25,7 +25,7 @@ SCRIPT = """
 import dataclasses, json, sys
 sys.path.insert(0, {tests!r})
 from fake_vllm import fake_vllm_config
-from aibrix_eic.identity import resolve_identity
+from aibrix_eic.keys.identity import resolve_identity
 
 @dataclasses.dataclass
 class QuantConfig:

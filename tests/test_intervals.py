@@ -4,7 +4,7 @@ exactly like a brute-force check of every byte."""
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aibrix_eic import intervals
+from aibrix_eic.util import address_ranges as intervals
 
 spans = st.lists(st.tuples(st.integers(0, 200), st.integers(1, 40)), max_size=8)
 

@@ -7,7 +7,7 @@ import torch
 from connector_tools import ConnectorRig
 
 import aibrix_eic.engine as engine
-from aibrix_eic.sdk import FAIL, CallResult
+from aibrix_eic.link.sdk import FAIL, CallResult
 
 
 def test_open_and_close_are_idempotent_and_close_drops_client_and_registrations():

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from aibrix_eic import logs
+from aibrix_eic.observability import logs
 
 
 @pytest.fixture

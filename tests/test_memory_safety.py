@@ -24,7 +24,7 @@ from harness import (
 from harness import stall_next_get as harness_stall_next_get
 from poison import PoisonWatch
 
-from aibrix_eic import aibrix_compat
+from aibrix_eic.aibrix_compat import timeouts as aibrix_compat
 from aibrix_eic.engine import get_store
 
 NBLOCKS = 4

@@ -32,9 +32,10 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 import aibrix_eic
-from aibrix_eic import metrics, outcomes
 from aibrix_eic.config import EICConfig
 from aibrix_eic.engine import get_store
+from aibrix_eic.observability import metrics
+from aibrix_eic.request import statuses as outcomes
 
 PROBE_INTERVAL_S = 0.2
 NBLOCKS = 8

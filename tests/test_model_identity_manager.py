@@ -214,7 +214,7 @@ def test_open_warns_when_the_keys_are_private_to_the_connector(monkeypatch, capl
 
 def test_check_shows_the_identity_in_use_and_its_namespace_step_uses_the_identified_keys(capsys, tmp_path):
     from aibrix_eic.cli import main
-    from aibrix_eic.identity import resolve_identity
+    from aibrix_eic.keys.identity import resolve_identity
 
     path = write_config(str(tmp_path / "eic.yaml"), remote_url="local://check-identity", model_id="llama3-8b-ft-a")
     code = main(["check", "--config", path])

@@ -16,7 +16,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from aibrix_eic.pending import DELETE, LOST, WRITE, Finished, PendingTable
+from aibrix_eic.writes.table import DELETE, LOST, WRITE, Finished, PendingTable
 
 WRITE_KEYS = st.sampled_from(["w0", "w1", "w2"])
 DIRECT_KEYS = st.sampled_from(["d0", "d1"])  # put_mode direct: only outlived puts and the flusher's deletes

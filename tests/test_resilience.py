@@ -7,7 +7,7 @@ import time
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aibrix_eic.resilience import BreakerState, CircuitBreaker, Deadline, ExponentialBackoff, Prober
+from aibrix_eic.link.resilience import BreakerState, CircuitBreaker, Deadline, ExponentialBackoff, Prober
 
 
 def recording_breaker(threshold: int):

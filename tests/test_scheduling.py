@@ -6,7 +6,7 @@ import threading
 from connector_tools import ConnectorRig
 
 import aibrix_eic.engine as engine
-from aibrix_eic.pool import GET_PRIORITY, PUT_PRIORITY, PriorityThreadPool
+from aibrix_eic.link.pool import GET_PRIORITY, PUT_PRIORITY, PriorityThreadPool
 
 
 def test_pool_runs_lower_priority_values_first():

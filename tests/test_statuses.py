@@ -8,7 +8,8 @@ from aibrix_kvcache.status import Status, StatusCodes
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aibrix_eic.outcomes import (
+from aibrix_eic.link.sdk import FAIL, HIT, MISS, REJECTED
+from aibrix_eic.request.statuses import (
     FAST_MISS,
     OK,
     close_after,
@@ -18,7 +19,6 @@ from aibrix_eic.outcomes import (
     put_outcome,
     unloaded_reasons,
 )
-from aibrix_eic.sdk import FAIL, HIT, MISS, REJECTED
 
 OUTCOME = st.sampled_from([HIT, MISS, FAIL, REJECTED])
 

@@ -24,7 +24,7 @@ from harness import (
     use_config,
 )
 
-from aibrix_eic import aibrix_compat
+from aibrix_eic.aibrix_compat import timeouts as aibrix_compat
 
 NBLOCKS = 2
 MAX_STALL_S = 10.0  # only reached if a manager waits for the stalled reload

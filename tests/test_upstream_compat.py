@@ -9,9 +9,9 @@ import torch
 import yaml
 from aibrix_kvcache.memory import TensorPoolAllocator
 
+from aibrix_eic.aibrix_compat.upstream import load_upstream_connector_class
 from aibrix_eic.config import ENV_CONFIG_UPSTREAM
 from aibrix_eic.engine import get_store
-from aibrix_eic.upstream import load_upstream_connector_class
 
 BLOCK_NBYTES = 4096
 

@@ -465,7 +465,7 @@ def test_a_flush_stuck_past_put_timeout_counts_as_a_failure_and_other_keys_still
 def test_a_lost_key_whose_delete_is_in_flight_does_not_spin_the_flusher(make_rig, monkeypatch):
     """Lost keys are re-deleted at most every flusher tick, also while the
     only one left is already being deleted (nothing to take, nothing to do)."""
-    from aibrix_eic import flusher
+    from aibrix_eic.writes import flusher
 
     rig = make_rig(store="wb-nospin", retry_attempts=0, breaker_failures=1000)
     key = b"s" * 16
@@ -482,7 +482,7 @@ def test_a_lost_key_whose_delete_is_in_flight_does_not_spin_the_flusher(make_rig
     time.sleep(0.5)
     assert len(drains) <= 0.5 / flusher.TICK_S + 2, f"{len(drains)} drains in 0.5 s"
     rig.store.faults.clear()
-    from aibrix_eic.pending import Finished
+    from aibrix_eic.writes.table import Finished
 
     with table.cond:
         table.finish(claim, False, None, Finished())  # it did not finish: still lost, the flusher retries
@@ -495,8 +495,8 @@ def test_a_lost_key_whose_delete_is_in_flight_does_not_spin_the_flusher(make_rig
 def test_a_write_waiting_behind_its_keys_delete_does_not_spin_the_flusher(make_rig, monkeypatch):
     """A queued write whose key has a delete in flight waits for it without
     the flusher starting empty rounds meanwhile, and goes out after it."""
-    from aibrix_eic import flusher
-    from aibrix_eic.pending import Finished
+    from aibrix_eic.writes import flusher
+    from aibrix_eic.writes.table import Finished
 
     rig = make_rig(store="wb-nospin2")
     key = b"o" * 16

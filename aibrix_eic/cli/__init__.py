@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ..units import parse_size
+from ..util.units import parse_size
 
 
 def _size(text: str) -> int:
@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print one JSON document (a list of steps) instead of text")
     check.add_argument("-v", "--verbose", action="store_true", help="show library logs")
 
-    from ..units import format_size
+    from ..util.units import format_size
 
     shape_lines = "\n".join(
         f"  {shape.name:<16} {format_size(shape.bytes_per_token)}/token  {shape.description}"

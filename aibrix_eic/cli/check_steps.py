@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..config import ENV_CONFIG, ConfigError, EICConfig, config_path_from_env
-from ..sdk import HIT, SdkClient, load_sdk_module
-from ..units import format_size
-from ..write_behind import SLAB_SHARE
+from ..link.sdk import HIT, SdkClient, load_sdk_module
+from ..util.units import format_size
+from ..writes.write_behind import SLAB_SHARE
 from .check_advice import what_to_fix as _advice
 
 if TYPE_CHECKING:
@@ -239,7 +239,7 @@ class CheckSteps:
         """A key written in our namespace is invisible from another one: the
         same EIC key string, asked for through a client whose options carry
         another namespace, must miss."""
-        from ..codec import KeyCodec
+        from ..keys.codec import KeyCodec
 
         config = self.cfg
         other_ns = f"{config.eic_kv_ns}-{OTHER_NAMESPACE_SUFFIX}" if config.eic_kv_ns else OTHER_NAMESPACE_SUFFIX

@@ -5,7 +5,7 @@ import dataclasses
 import os
 import time
 
-from ..sdk import HIT, SdkClient
+from ..link.sdk import HIT, SdkClient
 from .check_steps import NEVER_EXPIRES_PROBE_S, PASS, TTL_PROBE_WAIT_S, WARN, CheckSteps, StepFailed, what_to_fix
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..units import format_size
+from ..util.units import format_size
 from .driver import OPS, RequestResult
 from .shapes import ModelShape
 

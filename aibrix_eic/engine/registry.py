@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
-from ..units import exact_size_text, parse_duration, parse_size
+from ..util.units import exact_size_text, parse_duration, parse_size
 from .store import MEXIST_MISS_READINGS, Store
 from .store_api import StoreApi
 

@@ -39,7 +39,7 @@ from urllib.parse import quote
 import lmdb
 import numpy as np
 
-from . import device
+from ..engine import device
 from .enums import StatusCode
 from .faults import Faults
 from .store import StoreStats

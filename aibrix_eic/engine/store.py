@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import device
+from ..engine import device
 from .enums import StatusCode
 from .faults import Faults
 

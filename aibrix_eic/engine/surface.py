@@ -19,8 +19,8 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
-from .. import intervals
-from . import device
+from ..engine import device
+from ..util import address_ranges as intervals
 from .enums import LogLevel, MemoryType, StatusCode, TransportType, overall_status
 from .registry import open_store
 from .store_api import StoreApi

@@ -110,7 +110,7 @@ def _loop() -> None:
                 name: dict(vars(store.stats), keys=len(store), unreachable=store.faults.unreachable)
                 for name, store in list(registry._stores.items())
             }
-            live = sys.modules.get("aibrix_eic.live")
+            live = sys.modules.get("aibrix_eic.observability.health")
             health = sys.modules["aibrix_eic"].health() if live is not None else []
             _write(
                 os.path.join(_DIR, f"store-{pid}.json"),

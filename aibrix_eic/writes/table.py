@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from aibrix_kvcache.memory import MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes
 
-from .request_guard import release
+from ..request.holds import release
 
 WRITE, DELETE = 0, 1
 LOST = object()  # what lookup() returns for a key that must read as a miss

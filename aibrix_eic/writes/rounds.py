@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 from aibrix_kvcache.status import Status, StatusCodes
 
-from .dispatch import PUT, Chunk, Dispatcher
-from .link import Session
-from .pending import Entry, Finished, PendingTable
-from .pool import PUT_PRIORITY, PriorityThreadPool
-from .resilience import Deadline
-from .runtime import Runtime
-from .sdk import HIT, MISS
+from ..link.link import Session
+from ..link.pool import PUT_PRIORITY, PriorityThreadPool
+from ..link.resilience import Deadline
+from ..link.runtime import Runtime
+from ..link.sdk import HIT, MISS
+from ..request.dispatch import PUT, Chunk, Dispatcher
+from .table import Entry, Finished, PendingTable
 
 SendCall = Callable[[Session, Chunk | None, list[Entry], Deadline], None]
 

@@ -29,8 +29,9 @@ from typing import Any
 
 from aibrix_kvcache.status import Status
 
+from ..util.teardown import OwnThread
 from .exporter import exporter_port, start_exporter
-from .metric_series import (
+from .families import (
     BLOCK_OUTCOMES,
     LABELS,
     MULTIPROC_ENV,
@@ -41,7 +42,6 @@ from .metric_series import (
     families,
     partition_of,
 )
-from .teardown import OwnThread
 
 __all__ = [
     "LABELS",

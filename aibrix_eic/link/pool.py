@@ -21,7 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from .teardown import OwnThread
+from ..util.teardown import OwnThread
 
 GET_PRIORITY = 0
 PUT_PRIORITY = 1

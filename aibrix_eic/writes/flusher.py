@@ -30,13 +30,13 @@ import threading
 import time
 from concurrent.futures import Future
 
-from .dispatch import Dispatcher
-from .pending import Finished, PendingTable
-from .pool import PUT_PRIORITY
-from .resilience import Deadline
+from ..link.pool import PUT_PRIORITY
+from ..link.resilience import Deadline
+from ..link.runtime import Runtime
+from ..request.dispatch import Dispatcher
+from ..util.teardown import OwnThread
 from .rounds import Drain, RoundSender
-from .runtime import Runtime
-from .teardown import OwnThread
+from .table import Finished, PendingTable
 
 logger = logging.getLogger(__name__)
 

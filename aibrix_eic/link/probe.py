@@ -11,8 +11,8 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING
 
-from .config import ConfigError, EICConfig
-from .logs import RateLimitedLogger
+from ..config import ConfigError, EICConfig
+from ..observability.logs import RateLimitedLogger
 from .pool import PROBE_PRIORITY
 from .resilience import call_with_timeout
 

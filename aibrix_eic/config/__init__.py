@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from .config_values import KEY_CHECKS, ConfigError
+from .schema import KEY_CHECKS, ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class EICConfig:
             if not self.eic_instance_id:
                 raise ConfigError(self.source, "eic_instance_id", "is required for eic:// (the EIC cluster UUID)")
         else:
-            from .engine.registry import parse_endpoint
+            from ..engine.registry import parse_endpoint
 
             try:
                 parse_endpoint(rest)

@@ -11,14 +11,14 @@ from typing import Any
 from aibrix_kvcache.memory import MemoryRegion
 from aibrix_kvcache.status import Status
 
+from ..aibrix_compat.tokens import restore_tokens
+from ..keys.codec import KeyCodec
+from ..link.link import Session
+from ..link.runtime import Runtime
 from .checks import BlockChecker, eic_keys
-from .codec import KeyCodec
 from .dispatch import DELETE, GET, PUT, Chunk, Dispatcher, OutlivedCall
-from .link import Session
-from .outcomes import FAST_MISS, close_after, key_statuses, put_outcome, unloaded_reasons
-from .request_guard import hold, release
-from .runtime import Runtime
-from .tokens import restore_tokens
+from .holds import hold, release
+from .statuses import FAST_MISS, close_after, key_statuses, put_outcome, unloaded_reasons
 
 
 class DirectRequests:

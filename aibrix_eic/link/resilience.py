@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from .teardown import OwnThread
+from ..util.teardown import OwnThread
 
 T = TypeVar("T")
 

@@ -5,7 +5,7 @@ config.py applies these to a YAML mapping."""
 import math
 from typing import Any
 
-from .units import exact_size_text, parse_size
+from ..util.units import exact_size_text, parse_size
 
 
 class ConfigError(ValueError):

@@ -7,7 +7,7 @@ import threading
 
 import prometheus_client
 
-from .metric_series import MULTIPROC_ENV
+from .families import MULTIPROC_ENV
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ register everything again on a client made after a reconnect.
 
 import threading
 
-from . import intervals
+from ..util import address_ranges as intervals
 
 
 class RegisteredRegions:

@@ -3,10 +3,10 @@
 
 from dataclasses import dataclass
 
-from .config import EICConfig
-from .counters import Counters
+from ..config import EICConfig
+from ..observability.counters import Counters
+from ..observability.logs import RateLimitedLogger
 from .link import Link
-from .logs import RateLimitedLogger
 
 
 @dataclass(frozen=True)

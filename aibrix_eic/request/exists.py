@@ -19,10 +19,10 @@ from concurrent.futures import Future
 
 from aibrix_kvcache.status import Status, StatusCodes
 
-from .link import Session
-from .outcomes import FAST_MISS, NOT_FOUND, OK, request_outcome
-from .runtime import Runtime
-from .sdk import HIT, MISS, CallResult
+from ..link.link import Session
+from ..link.runtime import Runtime
+from ..link.sdk import HIT, MISS, CallResult
+from .statuses import FAST_MISS, NOT_FOUND, OK, request_outcome
 
 
 class ExistsBatcher:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from aibrix_kvcache.memory import MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes
 
-from .aibrix_compat import CURRENT_GUARD
+from ..aibrix_compat.timeouts import CURRENT_GUARD
 
 
 def _ref_up_if_alive(mr: MemoryRegion) -> bool:

@@ -22,16 +22,16 @@ from concurrent.futures import Future
 from aibrix_kvcache.memory import MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes
 
-from .device_memory import copy_region
-from .dispatch import DELETE as DELETE_OP
-from .dispatch import Dispatcher
+from ..link.link import Session
+from ..link.resilience import Deadline
+from ..link.runtime import Runtime
+from ..request.dispatch import DELETE as DELETE_OP
+from ..request.dispatch import Dispatcher
+from ..request.holds import hold, release
+from ..request.statuses import NOT_FOUND, OK, close_after, key_statuses
+from ..util.device_memory import copy_region
 from .flusher import Flusher
-from .link import Session
-from .outcomes import NOT_FOUND, OK, close_after, key_statuses
-from .pending import LOST, Ack, Finished, PendingTable
-from .request_guard import hold, release
-from .resilience import Deadline
-from .runtime import Runtime
+from .table import LOST, Ack, Finished, PendingTable
 
 # Pending writes hold regions of AIBrix's allocator; past this share of the
 # memory registered with us (the allocator's slabs) puts wait instead, so

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from aibrix_kvcache.status import Status, StatusCodes
 
-from .sdk import FAIL, HIT, MISS, Outcome
+from ..link.sdk import FAIL, HIT, MISS, Outcome
 
 OK = Status.ok()
 NOT_FOUND = Status(StatusCodes.NOT_FOUND)

@@ -17,9 +17,9 @@ from types import ModuleType
 
 from aibrix_kvcache.status import Status, StatusCodes
 
-from .config import ConfigError, EICConfig
-from .counters import Counters
-from .logs import RateLimitedLogger
+from ..config import ConfigError, EICConfig
+from ..observability.counters import Counters
+from ..observability.logs import RateLimitedLogger
 from .pool import PriorityThreadPool
 from .probe import Recovery, warm_up
 from .regions import RegisteredRegions

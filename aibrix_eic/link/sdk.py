@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
-from .config import ConfigError, EICConfig
+from ..config import ConfigError, EICConfig
 
 SDK_WHEEL_URL = "https://eic-sdk-release.tos-cn-beijing.volces.com/python/eic-1.5.2-py3-none-any.whl"
 
@@ -49,7 +49,7 @@ _REJECTING_CODE_NAMES = (
 def load_sdk_module(config: EICConfig) -> ModuleType:
     """The module behind config.remote_url; ConfigError if it is missing."""
     if config.uses_embedded_engine:
-        from . import engine
+        from .. import engine
 
         return engine
     try:

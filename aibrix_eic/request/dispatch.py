@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 from aibrix_kvcache.memory import MemoryRegion
 
-from .config import EICConfig
-from .outcomes import failed, failed_before_first_miss
-from .pool import GET_PRIORITY, PUT_PRIORITY
-from .resilience import Deadline, ExponentialBackoff
-from .runtime import Runtime
-from .sdk import FAIL, CallResult, Outcome, SdkClient
+from ..config import EICConfig
+from ..link.pool import GET_PRIORITY, PUT_PRIORITY
+from ..link.resilience import Deadline, ExponentialBackoff
+from ..link.runtime import Runtime
+from ..link.sdk import FAIL, CallResult, Outcome, SdkClient
+from .statuses import failed, failed_before_first_miss
 
 
 class Chunk:

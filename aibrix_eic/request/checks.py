@@ -9,9 +9,9 @@ from typing import Any
 
 from aibrix_kvcache.memory import MemoryRegion
 
-from . import device_memory
-from .codec import KeyCodec
-from .regions import RegisteredRegions
+from ..keys.codec import KeyCodec
+from ..link.regions import RegisteredRegions
+from ..util import device_memory
 
 _MR_TYPES: set[type] = set()  # MemoryRegion subclasses seen; ABC isinstance is slow
 

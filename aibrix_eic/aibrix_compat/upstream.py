@@ -17,7 +17,7 @@ def load_upstream_connector_class(sdk_module: ModuleType | None = None) -> type:
     import aibrix_kvcache.l2.connectors as connectors
 
     if sdk_module is None:
-        from . import engine as sdk_module
+        from .. import engine as sdk_module
     path = os.path.join(os.path.dirname(connectors.__file__), "eic", "eic.py")
     # This name makes its relative imports resolve inside aibrix_kvcache; it
     # is not added to sys.modules, so it never shadows the shim.

@@ -1,0 +1,1 @@
+"""What a key says: AIBrix key to EIC key string, and the model identity in it."""

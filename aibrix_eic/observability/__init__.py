@@ -1,0 +1,1 @@
+"""Counters, Prometheus series, the exporter, health() and logs."""
