@@ -48,7 +48,7 @@ fmt: $(STAMP)
 #   make aibrix-suites AIBRIX_SRC=../aibrix
 AIBRIX_SRC ?= ../aibrix
 aibrix-suites: $(STAMP)
-	AIBRIX_TESTS_DIR=$(abspath $(AIBRIX_SRC))/python/aibrix_kvcache/tests $(PY) -m pytest -rs tests/test_aibrix_suites.py
+	AIBRIX_TESTS_DIR=$(abspath $(AIBRIX_SRC))/python/aibrix_kvcache/tests $(PY) -m pytest -rs tests/aibrix/test_aibrix_suites.py
 
 bench: $(STAMP)
 	$(VENV)/bin/aibrix-eic bench $(BENCH_ARGS)

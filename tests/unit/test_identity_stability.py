@@ -16,7 +16,7 @@ from fake_vllm import fake_vllm_config
 
 from aibrix_eic.keys.identity import resolve_identity
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parent.parent / "support"  # fake_vllm.py
 
 # Builds the same deployment in every process: settings that hold sets and
 # dicts, a dataclass and a plain object (neither has model_dump), and a

@@ -18,7 +18,7 @@ import yaml
 
 from aibrix_eic.config import ENV_CONFIG, EICConfig
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 OVERLAYS = DEPLOY / "kustomize" / "overlays"
 STANDALONE = DEPLOY / "vllm-aibrix-eic.k8s.yaml"

@@ -2,7 +2,7 @@
 with this connector on a shared engine store, driven by JSON commands on
 stdin, one JSON reply per line on stdout.
 
-    python tests/xproc_worker.py '{"heads": 2, "layers": 2, "head_size": 64}'
+    python tests/support/xproc_worker.py '{"heads": 2, "layers": 2, "head_size": 64}'
 
 The parent sets the environment: the EIC config (remote_url with ?dir=),
 AIBrix's L2-only settings and a PYTHONHASHSEED of its own.
@@ -39,7 +39,7 @@ class Worker:
         aibrix_eic.install()
         # The config vLLM publishes while it builds the connector, so that the
         # model identity is made of vLLM's factors, as in a server.
-        from test_identity import fake_vllm_config
+        from fake_vllm import fake_vllm_config
 
         vllm_config = types.ModuleType("vllm.config")
         published = fake_vllm_config(hf_overrides={"rope_scaling": {"rope_type": "yarn", "factor": 4.0}})

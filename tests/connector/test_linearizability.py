@@ -8,7 +8,7 @@ come as bursts on one key (puts, deletes and gets a few ms, or a deadline,
 apart), since the races that serve an older value need several operations
 on one key within one flush.
 
-The history is checked by tests/linearizability.py. Its rule: every get reported OK returns a value not superseded by a write
+The history is checked by tests/support/linearizability.py. Its rule: every get reported OK returns a value not superseded by a write
 that returned OK before the get started (a put returning OK, or a delete
 returning OK or NOT_FOUND, that started after the version's put returned and
 ended before the get started); the bytes are always one whole version of the
@@ -27,7 +27,7 @@ what the caller saw, and the run's length only decides how much it sees.
 CI runs a short derandomized version: fixed seeds (the thread timing still
 varies), SECONDS per mode.
 By hand: AIBRIX_EIC_CHECKER_SECONDS=120 [AIBRIX_EIC_CHECKER_SEED=n] pytest
-tests/test_linearizability.py -s prints what each mode did and found.
+tests/connector/test_linearizability.py -s prints what each mode did and found.
 """
 
 import asyncio

@@ -316,11 +316,10 @@ WORKER = textwrap.dedent(
     cache_manager.TESTING_DISABLE_PIN_MEMORY = True
     import aibrix_eic
     aibrix_eic.install()
-    from harness import block_spec, make_manager, tokens
-    from test_metrics import offload, reload_tokens
+    from harness import block_spec, make_manager, receive, send, tokens
     cache = make_manager(block_spec(first_head={first_head}))
-    assert offload(cache, tokens(4, seed=5), seed=5).is_ok()
-    assert reload_tokens(cache, tokens(4, seed=5)) == 64
+    assert send(cache, tokens(4, seed=5), seed=5).is_ok()
+    assert receive(cache, tokens(4, seed=5))[0] == 64
     cache.close()
     """
 )
@@ -348,7 +347,7 @@ def test_worker_processes_reach_a_multiprocess_collector(tmp_path):
             "AIBRIX_KV_CACHE_OL_TOKEN_VALIDATION_ENABLED": "0",
         }
     )
-    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    tests_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
     workers = [  # two TP ranks: heads 0-1 and 2-3
         subprocess.Popen(
             [sys.executable, "-c", WORKER.format(tests=tests_dir, first_head=first_head)],

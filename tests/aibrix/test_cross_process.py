@@ -4,9 +4,9 @@ engine store (remote_url local://xp?dir=...), as replicas on one node share
 EIC. What one puts another acquires whole and bit-exact; the model identity
 and every key are the same in each; concurrent overwrites and deletes, and a
 writer SIGKILLed mid-put, never hand anyone a foreign or torn block; and no
-process writes into memory AIBrix released (tests/poison.py).
+process writes into memory AIBrix released (tests/support/poison.py).
 
-Each process is tests/xproc_worker.py, driven over its stdin and stdout.
+Each process is tests/support/xproc_worker.py, driven over its stdin and stdout.
 """
 
 import json
@@ -24,7 +24,9 @@ import aibrix_eic
 from aibrix_eic.config import ENV_CONFIG
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(aibrix_eic.__file__)))
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TESTS_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"
+)  # the worker, harness.py
 SMALL_BLOCKS = {"heads": 2, "layers": 2, "head_size": 64}  # 16 KiB blocks
 NBLOCKS = 8
 BLOCK_NTOKENS = 16

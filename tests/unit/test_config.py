@@ -352,7 +352,7 @@ def test_every_number_key_has_its_bound_in_the_docs():
 
     from aibrix_eic.config.schema import BOUNDS, bound_text
 
-    docs = (Path(__file__).parent.parent / "docs" / "config.md").read_text()
+    docs = (Path(__file__).parents[2] / "docs" / "config.md").read_text()
     for key in BOUNDS:
         row = next((line for line in docs.splitlines() if line.startswith(f"| `{key}` |")), None)
         assert row is not None, key
