@@ -2,14 +2,15 @@
 the requests AIBrix makes, routed to their path (its construction and
 lifecycle are in lifecycle.py). docs/architecture.md draws the paths:
 
-- mget: checks -> the write-behind table for keys it holds (put_mode
-  write_behind or coalesce) -> direct.py for the rest -> dispatch (SDK calls
-  of at most `batch_keys` keys and `batch_bytes` bytes on the link's pools)
-  -> outcomes.py -> a prefix-closed Status list.
-- mput: put_mode direct -> direct.py as above; write_behind or coalesce ->
-  write_behind.py (queued in pending.py, sent by flusher.py).
-- exists: the write-behind table, else one mexist per event-loop tick
-  (exists_batch.py). delete: direct, or ordered after a pending write.
+- mget: checks -> the write-behind table for keys it holds (writes/) ->
+  request/direct.py for the rest -> request/dispatch.py (SDK calls of at
+  most `batch_keys` keys and `batch_bytes` bytes on the link's pools) ->
+  request/statuses.py -> a prefix-closed Status list.
+- mput: put_mode direct -> request/direct.py as above; write_behind or
+  coalesce -> writes/write_behind.py (queued in writes/table.py, sent by
+  writes/flusher.py and writes/rounds.py).
+- exists: the write-behind table, else the mexists of one event-loop tick
+  (request/exists.py). delete: direct, or ordered after a pending write.
 
 What it guarantees, and why:
 
@@ -43,7 +44,7 @@ from .request.statuses import DELETE_SKIPPED, FAST_MISS, PUT_SKIPPED, request_ou
 
 # The requests the metrics count, by their name there; get() and put() go
 # through mget() and mput(), so each request is counted once. exists() is
-# counted by the exists batcher (exists_batch.py), the one owner of its series.
+# counted by the exists batcher (request/exists.py), the one owner of its series.
 METRIC_OPS = {"mget": "get", "mput": "put", "delete": "delete"}
 
 

@@ -107,7 +107,7 @@ class ConnectorLifecycle(Connector[bytes, torch.Tensor]):
 
     @property
     def model_identity(self) -> ModelIdentity:
-        """What this connector's keys say about the model (identity.py)."""
+        """What this connector's keys say about the model (keys/identity.py)."""
         return self._identity
 
     @property
@@ -185,7 +185,7 @@ class ConnectorLifecycle(Connector[bytes, torch.Tensor]):
         signal the threads; they drop what is queued, release what they hold
         and exit on their own (within a fraction of a second, or when a call
         in flight returns). The default waits unless this is a finalizer or
-        one of our threads (teardown.py says why that must never wait).
+        one of our threads (util/teardown.py says why that must never wait).
         """
         try:
             if wait is None:

@@ -6,7 +6,7 @@ on a timeout its `finally` releases the memory regions first and cancels the
 future after. A coroutine the loop had already queued then runs on regions
 that are freed (double free) or already handed to the next request (its KV
 overwritten). `order_timeouts` makes the cache manager's futures give up in
-the safe order: mark the request abandoned (request_guard), cancel it, wait
+the safe order: mark the request abandoned (RequestGuard, checked by request/holds.py), cancel it, wait
 for a coroutine that had started to end, and only then let AIBrix's
 `finally` release. Only requests to an L2Cache whose backend is one of our
 connectors are ordered; every other manager in the process gets asyncio's

@@ -1,8 +1,7 @@
 """Workaround for an aibrix-kvcache 0.8 defect in the token-validation
 layout (AIBRIX_KV_CACHE_OL_TOKEN_VALIDATION_ENABLED=1; the timeout half is in
-aibrix_compat.py). A
-block's value is [block bytes | magic | footer(prefix_len, query_len) |
-prefix+query tokens]. `ManagedMemoryRegion.unpack_tokens` in 0.8.0 reads the
+timeouts.py). A block's value is [block bytes | magic | footer(prefix_len,
+query_len) | prefix+query tokens]. `ManagedMemoryRegion.unpack_tokens` in 0.8.0 reads the
 footer bytes as the prefix and the first query_len tokens as the query, so
 every block that has a prefix fails L2Cache's token check and only the first
 block of a sequence ever loads from L2. We parse the tokens correctly after a

@@ -71,10 +71,10 @@ class EICConfig:
     put_registered: bool = False
     max_value_bytes: int = 4 * 1024 * 1024
     block_nbytes: int | None = None
-    metrics: bool = True  # Prometheus series, see metrics.py
+    metrics: bool = True  # Prometheus series, see observability/metrics.py
     metrics_port: int | None = None  # per-process exporter when vLLM's /metrics cannot show them
-    model_id: str | None = None  # goes into every key; see identity.py
-    put_mode: str = "write_behind"  # or "coalesce", "direct": see write_behind.py, docs/write-behind.md
+    model_id: str | None = None  # goes into every key; see keys/identity.py
+    put_mode: str = "write_behind"  # or "coalesce", "direct": see writes/, docs/write-behind.md
     write_behind_max_bytes: int = 512 * 1024 * 1024
     write_behind_max_age_ms: float = 2000.0
     write_behind_close_timeout_ms: float = 2000.0

@@ -6,7 +6,7 @@ Format: ``e2.<ns>.<conn>.<model>.<kind><payload>``
   keys had no model field; an upgrade turns them into misses).
 - ``<ns>``, ``<conn>``, ``<model>``: the EIC namespace, AIBrix's connector id
   (``{namespace}_{partition}_{signatures}``) and the model identity
-  (identity.py; empty when nothing identifies the model), escaped so they
+  (keys/identity.py; empty when nothing identifies the model), escaped so they
   never contain ``.``: bytes outside ``[A-Za-z0-9_-]`` become ``~HH``. A field
   whose escaped form is longer than FIELD_MAX becomes ``~h`` + 32 hex digits
   of its BLAKE2b-128 digest, which keeps the length bounded.

@@ -126,7 +126,7 @@ class Link:
 
     def abandon(self) -> None:
         """close() for a finalizer: takes no lock and waits for nothing
-        (teardown.py). Requests are refused from now on; the prober thread
+        (util/teardown.py). Requests are refused from now on; the prober thread
         shuts the pools down as it exits (within POLL_S), and their threads
         exit once their calls return."""
         if not self.is_open:

@@ -1,6 +1,6 @@
 """Requests sent straight to EIC: the request's own references on its
-memory (request_guard), its SDK calls (dispatch) and the Statuses AIBrix
-sees (outcomes). The connector sends gets here (with put_mode write_behind
+memory (holds.py), its SDK calls (dispatch.py) and the Statuses AIBrix
+sees (statuses.py). The connector sends gets here (with put_mode write_behind
 or coalesce, only the keys no pending write answers), puts with put_mode
 direct, and deletes with put_mode direct.
 """

@@ -7,7 +7,7 @@ it touches any of them, through `hold`. Two things make that refusal-proof:
   and the reference are one step under the region's own lock, so AIBrix's
   release cannot slip in between;
 - a request whose caller has given up on it (AIBrix's timeout fired, see
-  aibrix_compat.order_timeouts, which defines RequestGuard) carries an
+  aibrix_compat/timeouts.py, which defines RequestGuard) carries an
   abandoned guard in its context; `hold` and the abandonment take the
   guard's lock, so either the connector holds its references before AIBrix
   releases (and the memory stays out of the allocator until the connector

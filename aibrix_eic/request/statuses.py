@@ -136,7 +136,7 @@ def _status_outcome(op: str, status: Status) -> str:
 
 
 def request_outcome(op: str, result: Any) -> str:
-    """The metrics' outcome label of one request (metric_series.REQUEST_OUTCOMES)
+    """The metrics' outcome label of one request (observability/families.py, REQUEST_OUTCOMES)
     from what the connector returned: a Status, or a list of them
     (prefix-closed for get)."""
     if isinstance(result, Status):

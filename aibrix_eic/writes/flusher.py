@@ -1,7 +1,7 @@
 """The write-behind flusher: sends queued writes to EIC in rounds of batched
 msets, one drain taking rounds at a time (a round past put_timeout_ms is
 given up on, and a new drain may start while its calls still run), and
-re-deletes keys whose write failed (pending.py). Each entry leaves the table, and its region reference is
+re-deletes keys whose write failed (table.py). Each entry leaves the table, and its region reference is
 released, only once the call that carried it has returned, or was cancelled
 before it started, so no SDK call ever touches a released region.
 

@@ -2,7 +2,7 @@
 confirmed yet, and the keys whose last write may have been lost.
 
 Bookkeeping under one lock (shared by `cond` and `wake_flusher`); no SDK
-calls. A region reference taken by the caller (request_guard.hold) is
+calls. A region reference taken by the caller (request/holds.py) is
 dropped here when its entry leaves the table; callers answer the waiters
 (`Finished.acks`) after letting go of the lock.
 

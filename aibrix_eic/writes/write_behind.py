@@ -1,8 +1,9 @@
-"""Write-behind and put coalescing: puts join a queue that one flusher thread
-sends to EIC as batched msets (docs/write-behind.md says why and how).
+"""Write-behind and put coalescing: puts join a queue (table.py) that the
+flusher sends to EIC as batched msets, in drains on the data pool that its
+watcher thread starts (flusher.py; docs/write-behind.md says why and how).
 
 - `put_mode: write_behind`: a put takes its own reference on every region
-  (request_guard.hold), queues the blocks and returns OK at once; the
+  (request/holds.py), queues the blocks and returns OK at once; the
   reference is dropped only once no SDK call can touch the region.
 - `put_mode: coalesce`, and any put that would take the pending bytes past
   `write_behind_max_bytes`: the put queues the same way but waits until its
@@ -11,7 +12,7 @@ sends to EIC as batched msets (docs/write-behind.md says why and how).
 
 Reads see accepted writes (served from the held region); a write whose
 flush failed reads as a miss until EIC is known not to hold an older value
-(pending.py). Deletes wait for a write of the key in flight, then run.
+(table.py). Deletes wait for a write of the key in flight, then run.
 """
 
 import asyncio
@@ -63,7 +64,7 @@ class WriteBehind:
     def outlived(self, eic_keys: list[str], call: Future) -> None:
         """A direct write still in the SDK after its caller got TIMEOUT: its
         keys read as misses until the call returned and an mdel cleared them,
-        so the late value never shows over a newer one (pending.py)."""
+        so the late value never shows over a newer one (table.py)."""
         table = self.table
         with table.cond:
             table.outlive(eic_keys)
