@@ -1,8 +1,9 @@
 """Fault injection for the embedded engine: the ways a real EIC misbehaves.
 
 Each knob models a way a real EIC fails: slow calls, whole calls that fail,
-per-key failures inside a PARTIAL_FAILED reply, an unreachable cluster, and
-mexist hits that mget cannot deliver. Knobs are plain attributes, so tests
+per-key failures inside a PARTIAL_FAILED reply, an unreachable cluster,
+mexist hits that mget cannot deliver, and failed calls whose per-key codes
+still say SUCCESS. Knobs are plain attributes, so tests
 flip them while a workload runs.
 """
 
@@ -18,6 +19,9 @@ class Faults:
     key_fail_rate: float = 0.0  # chance each key fails inside PARTIAL_FAILED
     unreachable: bool = False  # init returns -1, every call returns FAILED
     phantom_rate: float = 0.0  # chance mexist reports a missing key present
+    # chance a whole call returns FAILED with every per-key code left at its
+    # default, SUCCESS (a reply public SDK callers are written to survive)
+    default_codes_fail_rate: float = 0.0
     seed: int | None = None
     _rng: random.Random = field(init=False, repr=False, compare=False)
     _rng_lock: threading.Lock = field(init=False, repr=False, compare=False, default_factory=threading.Lock)
@@ -37,6 +41,7 @@ class Faults:
         self.key_fail_rate = 0.0
         self.unreachable = False
         self.phantom_rate = 0.0
+        self.default_codes_fail_rate = 0.0
 
     def _chance(self, rate: float) -> bool:
         if rate <= 0.0:
@@ -52,3 +57,6 @@ class Faults:
 
     def phantom_hit(self) -> bool:
         return self._chance(self.phantom_rate)
+
+    def call_fails_with_default_codes(self) -> bool:
+        return self._chance(self.default_codes_fail_rate)

@@ -81,6 +81,7 @@ ENDPOINT_PARAMS: dict[str, Callable[[str], Any]] = {
     "key_fail_rate": _parse_rate,
     "unreachable": _parse_bool,
     "phantom_rate": _parse_rate,
+    "default_codes_fail_rate": _parse_rate,
     "seed": _parse_seed,
 }
 
@@ -128,6 +129,8 @@ def apply_params(store: Store, params: dict[str, Any]) -> None:
         faults.unreachable = params["unreachable"]
     if "phantom_rate" in params:
         faults.phantom_rate = params["phantom_rate"]
+    if "default_codes_fail_rate" in params:
+        faults.default_codes_fail_rate = params["default_codes_fail_rate"]
     if "seed" in params:
         faults.reseed(params["seed"])
 

@@ -178,6 +178,8 @@ class Client:
             time.sleep(faults.latency_s)
         if faults.call_fails():
             return _failed(nkeys)
+        if faults.call_fails_with_default_codes():
+            return _failed(nkeys, StatusCode.SUCCESS)
         if not store.has_namespace(ns):
             return _failed(nkeys, StatusCode.NAMESPACE_NOT_FOUND)
         return store
