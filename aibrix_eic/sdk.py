@@ -77,6 +77,7 @@ class SdkClient:
         self._eic = module
         self._client = client
         self._success = module.StatusCode.SUCCESS
+        self._partial_failed = module.StatusCode.PARTIAL_FAILED
         self._key_not_exist = module.StatusCode.KEY_NOT_EXIST
         self._rejecting = frozenset(
             getattr(module.StatusCode, name) for name in _REJECTING_CODE_NAMES if hasattr(module.StatusCode, name)
@@ -135,8 +136,16 @@ class SdkClient:
             # counts as stored or loaded.
             return CallResult([FAIL] * nkeys, True, f"{op} {status} with {len(codes)} codes for {nkeys} keys")
         success, key_not_exist, rejecting = self._success, self._key_not_exist, self._rejecting
+        # A SUCCESS code counts only under SUCCESS, or under a PARTIAL_FAILED
+        # that names its failures. Any other status read and stored nothing
+        # whatever its codes say (they may be left at their default), and a
+        # PARTIAL_FAILED whose codes all say SUCCESS does not say which keys
+        # failed: there, no key is confirmed. Misses and rejections stay as
+        # coded: they claim nothing was read or stored.
+        trusted = status == success or (status == self._partial_failed and any(c != success for c in codes))
+        hit = HIT if trusted else FAIL
         outcomes = [
-            HIT if code == success else MISS if code == key_not_exist else REJECTED if code in rejecting else FAIL
+            hit if code == success else MISS if code == key_not_exist else REJECTED if code in rejecting else FAIL
             for code in codes
         ]
         whole_call_failed = status != success and outcomes.count(FAIL) == nkeys
