@@ -23,6 +23,7 @@ from .. import intervals
 from .enums import LogLevel, MemoryType, StatusCode, TransportType, overall_status
 from .registry import open_store
 from .store import Store
+from .typed import Field, Struct
 
 
 class StringVector(list):
@@ -64,42 +65,34 @@ class IOBuffers:
         return iter(self._buffers)
 
 
-class InitOption:
-    def __init__(self) -> None:
-        self.log_dir: str | None = None
-        self.log_level: LogLevel = LogLevel.INFO
-        self.transport_type: TransportType = TransportType.TRANSPORT_GDR
-        self.flag_file: str | None = None
-        self.multi_net_local_interface_names: str | None = None
+class InitOption(Struct):
+    log_dir = Field(str, "")
+    log_level = Field(LogLevel, LogLevel.INFO)
+    transport_type = Field(TransportType, TransportType.TRANSPORT_GDR)
+    flag_file = Field(str, "")
+    multi_net_local_interface_names = Field(str, "")
 
 
-class MemoryInfo:
-    def __init__(self) -> None:
-        self.type: MemoryType = MemoryType.MEMORY_DEFAULT
-        self.cuda_id: int = 0
+class MemoryInfo(Struct):
+    type = Field(MemoryType, MemoryType.MEMORY_DEFAULT)
+    cuda_id = Field(int, 0)
 
 
-class _NamespaceOption:
-    def __init__(self) -> None:
-        self.ns: str = ""
+class GetOption(Struct):
+    ns = Field(str, "")
 
 
-class GetOption(_NamespaceOption):
-    pass
+class ExistOption(Struct):
+    ns = Field(str, "")
 
 
-class ExistOption(_NamespaceOption):
-    pass
+class DelOption(Struct):
+    ns = Field(str, "")
 
 
-class DelOption(_NamespaceOption):
-    pass
-
-
-class SetOption(_NamespaceOption):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ttl_second: int = -1
+class SetOption(Struct):
+    ns = Field(str, "")
+    ttl_second = Field(int, -1)
 
 
 class Outcome:
