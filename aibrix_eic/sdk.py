@@ -112,21 +112,25 @@ class SdkClient:
                 raise ConfigError(
                     config.source, "eic_log_dir", f"{config.eic_log_dir} cannot be created: {e.strerror}"
                 ) from None
-        option = module.InitOption()
-        option.log_dir = config.eic_log_dir
-        option.log_level = log_level
-        option.transport_type = transport
-        option.flag_file = config.eic_flag_file
-        try:
+        try:  # a binding may refuse any field; that is a failed open, like an unreachable cluster
+            option = module.InitOption()
+            option.log_level = log_level
+            option.transport_type = transport
+            # Unset fields keep the binding's default: a std::string field refuses None.
+            if config.eic_log_dir is not None:
+                option.log_dir = config.eic_log_dir
+            if config.eic_flag_file is not None:
+                option.flag_file = config.eic_flag_file
             client = module.Client()
             ret = client.init(config.eic_instance_id, config.endpoint, option)
+            sdk_client = cls(module, client, config)
         except Exception as e:  # a vendor binding may raise anything
-            return None, f"eic Client.init raised {e!r}"
+            return None, f"eic client setup raised {e!r}"
         if ret != 0:
             where = "the embedded engine" if config.uses_embedded_engine else f"the EIC cluster at {config.remote_url}"
             reason = " (unreachable)" if ret == -1 else ""
             return None, f"init returned {ret}: {where} did not accept the client{reason}"
-        return cls(module, client, config), ""
+        return sdk_client, ""
 
     # ------------------------------------------------------------- calls
     def _interpret(self, op: str, status, outcome, nkeys: int) -> CallResult:
