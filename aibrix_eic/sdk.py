@@ -96,15 +96,10 @@ class SdkClient:
     def connect(cls, module: ModuleType, config: EICConfig) -> "tuple[SdkClient | None, str]":
         """A new client, initialised; or None and a message saying why not.
 
-        Raises ConfigError for settings this SDK cannot take at all, which no
-        retry will fix; init failures (an unreachable cluster) are returned.
+        Raises ConfigError when eic_log_dir cannot be created, which no retry
+        will fix; init failures (an unreachable cluster, an SDK that raises
+        while the client is set up) are returned.
         """
-        transport = _enum_member(module.TransportType, config.eic_trans_type)
-        if transport is None:
-            raise _unknown_member(config, "eic_trans_type", module.TransportType)
-        log_level = _enum_member(module.LogLevel, config.eic_log_level)
-        if log_level is None:
-            raise _unknown_member(config, "eic_log_level", module.LogLevel)
         if config.eic_log_dir:
             try:
                 os.makedirs(config.eic_log_dir, exist_ok=True)
@@ -114,8 +109,10 @@ class SdkClient:
                 ) from None
         try:  # a binding may refuse any field; that is a failed open, like an unreachable cluster
             option = module.InitOption()
-            option.log_level = log_level
-            option.transport_type = transport
+            # The binding casts any int to its enums; the config only lets
+            # the documented values through (config_values.py).
+            option.log_level = module.LogLevel(config.eic_log_level)
+            option.transport_type = module.TransportType(config.eic_trans_type)
             # Unset fields keep the binding's default: a std::string field refuses None.
             if config.eic_log_dir is not None:
                 option.log_dir = config.eic_log_dir
@@ -232,20 +229,6 @@ class SdkClient:
             return False, f"register_memory raised {e!r}"
         total = sum(nbytes for _, nbytes in regions)
         return ok, "" if ok else f"register_memory returned False for {len(regions)} regions ({total} bytes)"
-
-
-def _enum_member(enum_type, value: int):
-    """enum_type(value), or None when the SDK has no such member."""
-    try:
-        return enum_type(value)
-    except (ValueError, TypeError):
-        return None
-
-
-def _unknown_member(config: EICConfig, key: str, enum_type) -> ConfigError:
-    members = getattr(enum_type, "__members__", {})
-    known = ", ".join(f"{int(v)} {k}" for k, v in members.items()) or "unknown members"
-    return ConfigError(config.source, key, f"{getattr(config, key)} is not a value this SDK knows ({known})")
 
 
 def _code_summary(codes) -> str:

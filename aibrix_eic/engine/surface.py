@@ -29,6 +29,10 @@ from .typed import Field, Struct
 class StringVector(list):
     """A list of str keys (pybind11 `std::vector<std::string>` stand-in)."""
 
+    def __init__(self, keys: Iterable[str] = ()) -> None:
+        super().__init__()
+        self.extend(keys)
+
     def append(self, key: str) -> None:
         if not isinstance(key, str):
             raise TypeError(f"StringVector holds str keys, got {type(key).__name__}")
@@ -105,6 +109,20 @@ class Outcome:
         return f"Outcome(status_codes={[str(c) for c in self.status_codes]})"
 
 
+# A bound vector type takes no plain list in its place: the binding refuses
+# arguments it cannot convert with TypeError before anything runs.
+def _require_keys(call: str, keys: object) -> None:
+    if not isinstance(keys, StringVector):
+        raise TypeError(
+            f"{call}(): incompatible function arguments: keys must be a StringVector, got {type(keys).__name__}"
+        )
+
+
+def _require_buffers(call: str, buffers: object) -> None:
+    if not isinstance(buffers, IOBuffers):
+        raise TypeError(f"{call}(): incompatible function arguments: expected IOBuffers, got {type(buffers).__name__}")
+
+
 def _failed(nkeys: int, code: StatusCode = StatusCode.FAILED) -> tuple[StatusCode, Outcome]:
     return StatusCode.FAILED, Outcome([code] * nkeys)
 
@@ -141,6 +159,7 @@ class Client:
     def register_memory(self, buffers: IOBuffers, info: MemoryInfo | None = None) -> bool:
         """Register caller memory; buffers appended later with
         registered=True must lie inside a region registered here."""
+        _require_buffers("register_memory", buffers)
         if self._store is None or len(buffers) == 0:
             return False
         regions = []
@@ -214,6 +233,8 @@ class Client:
         return codes
 
     def mset(self, keys: Sequence[str], vals: IOBuffers, option: SetOption | None = None) -> tuple[StatusCode, Outcome]:
+        _require_keys("mset", keys)
+        _require_buffers("mset", vals)
         option = option or SetOption()
         if len(keys) != len(vals) or option.ttl_second == 0 or option.ttl_second < -1:
             return _failed(len(keys), StatusCode.INVALID_ARGUMENT)
@@ -231,6 +252,9 @@ class Client:
     ) -> tuple[StatusCode, IOBuffers | list, Outcome]:
         """Copy values into `vals`. With vals=None, values come back as a
         list of bytes (None for a miss) in the second element."""
+        _require_keys("mget", keys)
+        if vals is not None:
+            _require_buffers("mget", vals)
         option = option or GetOption()
         if vals is not None and len(keys) != len(vals):
             status, outcome = _failed(len(keys), StatusCode.INVALID_ARGUMENT)
@@ -264,6 +288,7 @@ class Client:
         return overall_status(codes), values, Outcome(codes)
 
     def mexist(self, keys: Sequence[str], option: ExistOption | None = None) -> tuple[StatusCode, Outcome]:
+        _require_keys("mexist", keys)
         option = option or ExistOption()
         store = self._begin_call(keys, option.ns)
         if not isinstance(store, Store):
@@ -278,6 +303,7 @@ class Client:
         return overall_status(codes), Outcome(codes)
 
     def mdel(self, keys: Sequence[str], option: DelOption | None = None) -> tuple[StatusCode, Outcome]:
+        _require_keys("mdel", keys)
         option = option or DelOption()
         store = self._begin_call(keys, option.ns)
         if not isinstance(store, Store):
