@@ -47,7 +47,7 @@ from aibrix_eic.config import ENV_CONFIG, ENV_CONFIG_UPSTREAM  # noqa: E402
 from aibrix_eic.engine import get_store  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from compare_connectors import NoopConnector, eic_backend_is, write_yaml  # noqa: E402
+from compare_connectors import NoopConnector, eic_backend_is, write_empty_flag_file, write_yaml  # noqa: E402
 
 cache_manager.TESTING_DISABLE_PIN_MEMORY = True  # CPU-only torch
 aibrix_eic.install()
@@ -119,7 +119,7 @@ class Runs:
                 "eic_trans_type": 3,
                 "eic_kv_ttl": -1,
                 "eic_kv_ns": "",
-                "eic_flag_file": None,
+                "eic_flag_file": write_empty_flag_file(self.directory),
             }
             backend = eic_backend_is(self.upstream)
             env[ENV_CONFIG_UPSTREAM] = write_yaml(self.directory, f"{store}.yaml", config)

@@ -138,6 +138,15 @@ def write_yaml(directory: str, name: str, values: dict) -> str:
     return path
 
 
+def write_empty_flag_file(directory: str) -> str:
+    """An empty SDK flag file for upstream's config: upstream assigns
+    InitOption.flag_file even when the key is null, which a typed binding
+    (and the engine) refuses."""
+    path = os.path.join(directory, "eic-flags")
+    open(path, "w").close()
+    return path
+
+
 @contextlib.contextmanager
 def env(name: str, value: str):
     saved = os.environ.get(name)
@@ -220,6 +229,7 @@ class Builder:
         self.executor = ThreadPoolExecutor(L2_WORKERS, thread_name_prefix="l2_cache_")
         self.upstream_class = load_upstream_connector_class()
         log_dir = os.path.join(directory, "eic-logs")
+        flag_file = write_empty_flag_file(directory)
         self.configs = {}
         for condition in CONDITIONS:
             # direct: a put is its own SDK calls, as upstream's; timed puts and gets then
@@ -237,7 +247,7 @@ class Builder:
                     "eic_trans_type": 3,
                     "eic_kv_ttl": -1,
                     "eic_kv_ns": "",
-                    "eic_flag_file": None,
+                    "eic_flag_file": flag_file,
                 },
             )
 

@@ -87,10 +87,12 @@ class SdkTarget:
         """InitOption as callers build it, from the cluster's config if any."""
         option = self.module.InitOption()
         if self.config is not None:
-            option.log_dir = self.config.eic_log_dir
             option.log_level = self.module.LogLevel(self.config.eic_log_level)
             option.transport_type = self.module.TransportType(self.config.eic_trans_type)
-            option.flag_file = self.config.eic_flag_file
+            if self.config.eic_log_dir is not None:  # string fields refuse None
+                option.log_dir = self.config.eic_log_dir
+            if self.config.eic_flag_file is not None:
+                option.flag_file = self.config.eic_flag_file
         else:
             option.log_level = self.module.LogLevel(1)
             option.transport_type = self.module.TransportType(3)

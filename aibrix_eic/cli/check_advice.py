@@ -18,7 +18,7 @@ def what_to_fix(message: str, config: EICConfig | None) -> str:
             f"check that {endpoint} is reachable from this host (network path, security group), that the "
             "EIC agent on this node is running, and that eic_instance_id is this cluster's id"
         )
-    if "init returned" in lowered or "client.init raised" in lowered:
+    if "init returned" in lowered or "client setup raised" in lowered:
         return "EIC refused the client: check eic_instance_id, eic_trans_type and eic_flag_file"
     if "eic config" in lowered:
         return "fix the config file (docs/config.md lists every key)"

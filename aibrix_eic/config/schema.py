@@ -26,8 +26,6 @@ GiB = 1024**3
 # or a pool, or start thousands of threads. docs/config.md states each one.
 BOUNDS: dict[str, tuple[int | float, int | float]] = {
     "eic_thread_num": (1, 1024),
-    "eic_log_level": (0, 255),
-    "eic_trans_type": (0, 255),
     "eic_kv_ttl": (-1, 2**31 - 1),
     "batch_keys": (1, 65536),
     "batch_bytes": (1, 64 * GiB),
@@ -133,6 +131,27 @@ def _model_id(source: str, key: str, raw: Any) -> str | None:
     return text
 
 
+# The SDK builds its enums from any int (pybind11 casts without checking), so
+# only these documented values are passed on. docs/engine.md has the evidence.
+TRANSPORT_TYPES = {0: "TCP", 2: "RDMA", 3: "GDR"}
+LOG_LEVELS = (0, 1, 2, 3, 4)
+
+
+def _one_of(choices: str, allowed) -> Any:
+    def check(source: str, key: str, raw: Any) -> int:
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise ConfigError(source, key, f"expected an integer, got {_type_name(raw)} {raw!r}")
+        if raw not in allowed:
+            raise ConfigError(source, key, f"expected one of {choices}, got {raw}")
+        return raw
+
+    return check
+
+
+_transport_type = _one_of(", ".join(f"{n} ({name})" for n, name in TRANSPORT_TYPES.items()), TRANSPORT_TYPES)
+_log_level = _one_of(", ".join(map(str, LOG_LEVELS)), LOG_LEVELS)
+
+
 PUT_MODES = ("write_behind", "coalesce", "direct")
 
 
@@ -174,8 +193,8 @@ KEY_CHECKS = {
     "eic_instance_id": _str,
     "eic_thread_num": _int,
     "eic_log_dir": _optional_str,
-    "eic_log_level": _int,
-    "eic_trans_type": _int,
+    "eic_log_level": _log_level,
+    "eic_trans_type": _transport_type,
     "eic_kv_ttl": _int,
     "eic_kv_ns": _str,
     "eic_flag_file": _optional_str,

@@ -10,13 +10,40 @@ them keeps the surface compatible while making failures diagnosable.
 import enum
 
 
-class _PybindStyleEnum(enum.IntEnum):
-    """IntEnum that prints like pybind11 enums do ("StatusCode.FAILED")."""
+class _PybindStyleEnum(enum.Enum):
+    """An enum that behaves like pybind11's `py::enum_` without
+    `py::arithmetic`: the constructor casts any int (one without a name
+    prints as `TransportType.???`), a member equals only a member of its own
+    type with the same value and never a plain int, and there is no
+    ordering. Code that compares codes with ints therefore fails here as it
+    would on the vendor binding."""
+
+    @classmethod
+    def _missing_(cls, value: object) -> "_PybindStyleEnum | None":
+        if isinstance(value, int) and not isinstance(value, bool):
+            unnamed = object.__new__(cls)
+            unnamed._value_ = value
+            unnamed._name_ = "???"
+            return unnamed
+        return None
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._value_ == other._value_
+
+    def __hash__(self) -> int:
+        return hash(self._value_)
+
+    def __int__(self) -> int:
+        return self._value_
+
+    def __index__(self) -> int:
+        return self._value_
 
     def __str__(self) -> str:
-        return f"{type(self).__name__}.{self.name}"
+        return f"{type(self).__name__}.{self._name_}"
 
-    __repr__ = __str__
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}.{self._name_}: {self._value_}>"
 
 
 class StatusCode(_PybindStyleEnum):

@@ -2,9 +2,9 @@
 
 Each knob models a way a real EIC fails: slow calls, whole calls that fail,
 per-key failures inside a PARTIAL_FAILED reply, registered (GDR) writes
-refused with GDR_TRANSFER_ERROR, an unreachable cluster, and mexist hits that
-mget cannot deliver. Knobs are plain attributes, so tests flip them while a
-workload runs.
+refused with GDR_TRANSFER_ERROR, an unreachable cluster, mexist hits that
+mget cannot deliver, and failed calls whose per-key codes still say SUCCESS.
+Knobs are plain attributes, so tests flip them while a workload runs.
 """
 
 import random
@@ -20,6 +20,9 @@ class Faults:
     unreachable: bool = False  # init returns -1, every call returns FAILED
     phantom_rate: float = 0.0  # chance mexist reports a missing key present
     gdr_write_fail_rate: float = 0.0  # chance each registered mset buffer gets GDR_TRANSFER_ERROR
+    # chance a whole call returns FAILED with every per-key code left at its
+    # default, SUCCESS (a reply public SDK callers are written to survive)
+    default_codes_fail_rate: float = 0.0
     seed: int | None = None
     _rng: random.Random = field(init=False, repr=False, compare=False)
     _rng_lock: threading.Lock = field(init=False, repr=False, compare=False, default_factory=threading.Lock)
@@ -40,6 +43,7 @@ class Faults:
         self.unreachable = False
         self.phantom_rate = 0.0
         self.gdr_write_fail_rate = 0.0
+        self.default_codes_fail_rate = 0.0
 
     def _chance(self, rate: float) -> bool:
         if rate <= 0.0:
@@ -58,3 +62,6 @@ class Faults:
 
     def phantom_hit(self) -> bool:
         return self._chance(self.phantom_rate)
+
+    def call_fails_with_default_codes(self) -> bool:
+        return self._chance(self.default_codes_fail_rate)

@@ -102,6 +102,7 @@ ENDPOINT_PARAMS: dict[str, Callable[[str], Any]] = {
     "phantom_rate": _parse_rate,
     "gdr_write_fail_rate": _parse_rate,
     "mexist_miss": _parse_mexist_miss,
+    "default_codes_fail_rate": _parse_rate,
     "seed": _parse_seed,
     "dir": _parse_dir,
 }
@@ -154,6 +155,8 @@ def apply_params(store: StoreApi, params: dict[str, Any]) -> None:
         faults.phantom_rate = params["phantom_rate"]
     if "gdr_write_fail_rate" in params:
         faults.gdr_write_fail_rate = params["gdr_write_fail_rate"]
+    if "default_codes_fail_rate" in params:
+        faults.default_codes_fail_rate = params["default_codes_fail_rate"]
     if "seed" in params:
         faults.reseed(params["seed"])
 

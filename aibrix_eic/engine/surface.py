@@ -24,10 +24,15 @@ from ..util import address_ranges as intervals
 from .enums import LogLevel, MemoryType, StatusCode, TransportType, overall_status
 from .registry import open_store
 from .store_api import StoreApi
+from .typed import Field, Struct
 
 
 class StringVector(list):
     """A list of str keys (pybind11 `std::vector<std::string>` stand-in)."""
+
+    def __init__(self, keys: Iterable[str] = ()) -> None:
+        super().__init__()
+        self.extend(keys)
 
     def append(self, key: str) -> None:
         if not isinstance(key, str):
@@ -65,42 +70,34 @@ class IOBuffers:
         return iter(self._buffers)
 
 
-class InitOption:
-    def __init__(self) -> None:
-        self.log_dir: str | None = None
-        self.log_level: LogLevel = LogLevel.INFO
-        self.transport_type: TransportType = TransportType.TRANSPORT_GDR
-        self.flag_file: str | None = None
-        self.multi_net_local_interface_names: str | None = None
+class InitOption(Struct):
+    log_dir = Field(str, "")
+    log_level = Field(LogLevel, LogLevel.INFO)
+    transport_type = Field(TransportType, TransportType.TRANSPORT_GDR)
+    flag_file = Field(str, "")
+    multi_net_local_interface_names = Field(str, "")
 
 
-class MemoryInfo:
-    def __init__(self) -> None:
-        self.type: MemoryType = MemoryType.MEMORY_DEFAULT
-        self.cuda_id: int = 0
+class MemoryInfo(Struct):
+    type = Field(MemoryType, MemoryType.MEMORY_DEFAULT)
+    cuda_id = Field(int, 0)
 
 
-class _NamespaceOption:
-    def __init__(self) -> None:
-        self.ns: str = ""
+class GetOption(Struct):
+    ns = Field(str, "")
 
 
-class GetOption(_NamespaceOption):
-    pass
+class ExistOption(Struct):
+    ns = Field(str, "")
 
 
-class ExistOption(_NamespaceOption):
-    pass
+class DelOption(Struct):
+    ns = Field(str, "")
 
 
-class DelOption(_NamespaceOption):
-    pass
-
-
-class SetOption(_NamespaceOption):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ttl_second: int = -1
+class SetOption(Struct):
+    ns = Field(str, "")
+    ttl_second = Field(int, -1)
 
 
 class Outcome:
@@ -111,6 +108,20 @@ class Outcome:
 
     def __repr__(self) -> str:
         return f"Outcome(status_codes={[str(c) for c in self.status_codes]})"
+
+
+# A bound vector type takes no plain list in its place: the binding refuses
+# arguments it cannot convert with TypeError before anything runs.
+def _require_keys(call: str, keys: object) -> None:
+    if not isinstance(keys, StringVector):
+        raise TypeError(
+            f"{call}(): incompatible function arguments: keys must be a StringVector, got {type(keys).__name__}"
+        )
+
+
+def _require_buffers(call: str, buffers: object) -> None:
+    if not isinstance(buffers, IOBuffers):
+        raise TypeError(f"{call}(): incompatible function arguments: expected IOBuffers, got {type(buffers).__name__}")
 
 
 def _failed(nkeys: int, code: StatusCode = StatusCode.FAILED) -> tuple[StatusCode, Outcome]:
@@ -150,6 +161,7 @@ class Client:
     def register_memory(self, buffers: IOBuffers, info: MemoryInfo | None = None) -> bool:
         """Register caller memory; buffers appended later with
         registered=True must lie inside a region registered here."""
+        _require_buffers("register_memory", buffers)
         if self._store is None or len(buffers) == 0:
             return False
         regions = []
@@ -194,6 +206,8 @@ class Client:
             time.sleep(faults.latency_s)
         if faults.call_fails():
             return _failed(nkeys)
+        if faults.call_fails_with_default_codes():
+            return _failed(nkeys, StatusCode.SUCCESS)
         if not store.has_namespace(ns):
             return _failed(nkeys, StatusCode.NAMESPACE_NOT_FOUND)
         return store
@@ -239,6 +253,8 @@ class Client:
         return codes
 
     def mset(self, keys: Sequence[str], vals: IOBuffers, option: SetOption | None = None) -> tuple[StatusCode, Outcome]:
+        _require_keys("mset", keys)
+        _require_buffers("mset", vals)
         option = option or SetOption()
         if len(keys) != len(vals) or option.ttl_second == 0 or option.ttl_second < -1:
             return _failed(len(keys), StatusCode.INVALID_ARGUMENT)
@@ -260,6 +276,9 @@ class Client:
     ) -> tuple[StatusCode, IOBuffers | list, Outcome]:
         """Copy values into `vals`. With vals=None, values come back as a
         list of bytes (None for a miss) in the second element."""
+        _require_keys("mget", keys)
+        if vals is not None:
+            _require_buffers("mget", vals)
         option = option or GetOption()
         if vals is not None and len(keys) != len(vals):
             status, outcome = _failed(len(keys), StatusCode.INVALID_ARGUMENT)
@@ -293,6 +312,7 @@ class Client:
         return overall_status(codes), values, Outcome(codes)
 
     def mexist(self, keys: Sequence[str], option: ExistOption | None = None) -> tuple[StatusCode, Outcome]:
+        _require_keys("mexist", keys)
         option = option or ExistOption()
         store = self._begin_call(keys, option.ns)
         if isinstance(store, tuple):
@@ -308,6 +328,7 @@ class Client:
         return status, Outcome(codes)
 
     def mdel(self, keys: Sequence[str], option: DelOption | None = None) -> tuple[StatusCode, Outcome]:
+        _require_keys("mdel", keys)
         option = option or DelOption()
         store = self._begin_call(keys, option.ns)
         if isinstance(store, tuple):

@@ -81,6 +81,7 @@ class SdkClient:
         self._eic = module
         self._client = client
         self._success = module.StatusCode.SUCCESS
+        self._partial_failed = module.StatusCode.PARTIAL_FAILED
         self._key_not_exist = module.StatusCode.KEY_NOT_EXIST
         self._gdr_transfer_error = getattr(module.StatusCode, "GDR_TRANSFER_ERROR", None)
         self._rejecting = frozenset(
@@ -100,15 +101,10 @@ class SdkClient:
     def connect(cls, module: ModuleType, config: EICConfig) -> "tuple[SdkClient | None, str]":
         """A new client, initialised; or None and a message saying why not.
 
-        Raises ConfigError for settings this SDK cannot take at all, which no
-        retry will fix; init failures (an unreachable cluster) are returned.
+        Raises ConfigError when eic_log_dir cannot be created, which no retry
+        will fix; init failures (an unreachable cluster, an SDK that raises
+        while the client is set up) are returned.
         """
-        transport = _enum_member(module.TransportType, config.eic_trans_type)
-        if transport is None:
-            raise _unknown_member(config, "eic_trans_type", module.TransportType)
-        log_level = _enum_member(module.LogLevel, config.eic_log_level)
-        if log_level is None:
-            raise _unknown_member(config, "eic_log_level", module.LogLevel)
         if config.eic_log_dir:
             try:
                 os.makedirs(config.eic_log_dir, exist_ok=True)
@@ -116,21 +112,27 @@ class SdkClient:
                 raise ConfigError(
                     config.source, "eic_log_dir", f"{config.eic_log_dir} cannot be created: {e.strerror}"
                 ) from None
-        option = module.InitOption()
-        option.log_dir = config.eic_log_dir
-        option.log_level = log_level
-        option.transport_type = transport
-        option.flag_file = config.eic_flag_file
-        try:
+        try:  # a binding may refuse any field; that is a failed open, like an unreachable cluster
+            option = module.InitOption()
+            # The binding casts any int to its enums; the config only lets
+            # the documented values through (config_values.py).
+            option.log_level = module.LogLevel(config.eic_log_level)
+            option.transport_type = module.TransportType(config.eic_trans_type)
+            # Unset fields keep the binding's default: a std::string field refuses None.
+            if config.eic_log_dir is not None:
+                option.log_dir = config.eic_log_dir
+            if config.eic_flag_file is not None:
+                option.flag_file = config.eic_flag_file
             client = module.Client()
             ret = client.init(config.eic_instance_id, config.endpoint, option)
+            sdk_client = cls(module, client, config)
         except Exception as e:  # a vendor binding may raise anything
-            return None, f"eic Client.init raised {e!r}"
+            return None, f"eic client setup raised {e!r}"
         if ret != 0:
             where = "the embedded engine" if config.uses_embedded_engine else f"the EIC cluster at {config.remote_url}"
             reason = " (unreachable)" if ret == -1 else ""
             return None, f"init returned {ret}: {where} did not accept the client{reason}"
-        return cls(module, client, config), ""
+        return sdk_client, ""
 
     # ------------------------------------------------------------- calls
     def _interpret(self, op: str, status, outcome, nkeys: int) -> CallResult:
@@ -140,8 +142,16 @@ class SdkClient:
             # counts as stored or loaded.
             return CallResult([FAIL] * nkeys, True, f"{op} {status} with {len(codes)} codes for {nkeys} keys")
         success, key_not_exist, rejecting = self._success, self._key_not_exist, self._rejecting
+        # A SUCCESS code counts only under SUCCESS, or under a PARTIAL_FAILED
+        # that names its failures. Any other status read and stored nothing
+        # whatever its codes say (they may be left at their default), and a
+        # PARTIAL_FAILED whose codes all say SUCCESS does not say which keys
+        # failed: there, no key is confirmed. Misses and rejections stay as
+        # coded: they claim nothing was read or stored.
+        trusted = status == success or (status == self._partial_failed and any(c != success for c in codes))
+        hit = HIT if trusted else FAIL
         outcomes = [
-            HIT if code == success else MISS if code == key_not_exist else REJECTED if code in rejecting else FAIL
+            hit if code == success else MISS if code == key_not_exist else REJECTED if code in rejecting else FAIL
             for code in codes
         ]
         whole_call_failed = status != success and outcomes.count(FAIL) == nkeys
@@ -239,20 +249,6 @@ class SdkClient:
             return False, f"register_memory raised {e!r}"
         total = sum(nbytes for _, nbytes in regions)
         return ok, "" if ok else f"register_memory returned False for {len(regions)} regions ({total} bytes)"
-
-
-def _enum_member(enum_type, value: int):
-    """enum_type(value), or None when the SDK has no such member."""
-    try:
-        return enum_type(value)
-    except (ValueError, TypeError):
-        return None
-
-
-def _unknown_member(config: EICConfig, key: str, enum_type) -> ConfigError:
-    members = getattr(enum_type, "__members__", {})
-    known = ", ".join(f"{int(v)} {k}" for k, v in members.items()) or "unknown members"
-    return ConfigError(config.source, key, f"{getattr(config, key)} is not a value this SDK knows ({known})")
 
 
 def _code_summary(codes) -> str:

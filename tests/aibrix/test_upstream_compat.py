@@ -22,6 +22,9 @@ def open_upstream(tmp_path, monkeypatch):
     opened = []
     executor = ThreadPoolExecutor(4)
 
+    flag_file = tmp_path / "eic-flags"
+    flag_file.write_text("")
+
     def make(namespace: str = ""):
         config = {
             "remote_url": "eic://compat",
@@ -32,7 +35,8 @@ def open_upstream(tmp_path, monkeypatch):
             "eic_trans_type": 3,
             "eic_kv_ttl": -1,
             "eic_kv_ns": namespace,
-            "eic_flag_file": None,
+            # Upstream assigns it even when null; a typed binding refuses None.
+            "eic_flag_file": str(flag_file),
         }
         path = tmp_path / f"eic-{namespace or 'default'}.yaml"
         path.write_text(yaml.safe_dump(config))

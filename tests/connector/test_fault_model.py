@@ -2,9 +2,11 @@
 
 A hypothesis state machine drives EICConnector against a dict model while
 switching every fault knob of the engine at random: latency past the
-deadline, whole-call FAILED, per-key PARTIAL_FAILED, registered writes
-refused with GDR_TRANSFER_ERROR, unreachable, phantom exists. Invariant: every get reported OK returned exactly the bytes of the
-last put of that key that may have been stored. The machine runs once per
+deadline, whole-call FAILED, FAILED whose per-key codes still say SUCCESS,
+per-key PARTIAL_FAILED, registered writes refused with GDR_TRANSFER_ERROR,
+unreachable, phantom exists. Invariant: every get reported OK returned
+exactly the bytes of the last put of that key that may have been stored.
+The machine runs once per
 put_mode: with write-behind a put reported OK is a put whose value every
 later get must return or miss, even while it is queued, in flight, failing
 or overtaken by a delete; a small write_behind_max_bytes makes some puts
@@ -69,9 +71,22 @@ class FaultyConnectorMachine(RuleBasedStateMachine):
         ).open()
         assert self.rig.conn.register_slabs(self.rig.allocator.slabs).is_ok()
         self.store = get_store(self._store_name())
+        self._count_default_codes_replies()
         # key -> the values a successful get may return
         self.acceptable: dict[bytes, set[bytes]] = {}
         self.version = 0
+
+    def _count_default_codes_replies(self) -> None:
+        faults = self.store.faults
+        fires = faults.call_fails_with_default_codes
+
+        def counted() -> bool:
+            fired = fires()
+            if fired:
+                _count("default_codes_replies")
+            return fired
+
+        faults.call_fails_with_default_codes = counted  # type: ignore[method-assign]
 
     def _store_name(self) -> str:
         # Queued machines get a store per example: a write of a closed
@@ -112,11 +127,38 @@ class FaultyConnectorMachine(RuleBasedStateMachine):
         unreachable=st.sampled_from([False, False, False, True]),
         phantom_rate=st.sampled_from([0.0, 0.5]),
         gdr_write_fail_rate=st.sampled_from([0.0, 0.0, 0.5, 1.0]),
+        default_codes_fail_rate=st.sampled_from([0.0, 0.0, 0.5]),
     )
-    def set_faults(self, latency_ms, fail_rate, key_fail_rate, unreachable, phantom_rate, gdr_write_fail_rate) -> None:
-        self._apply_faults(latency_ms, fail_rate, key_fail_rate, unreachable, phantom_rate, gdr_write_fail_rate)
+    def set_faults(
+        self,
+        latency_ms,
+        fail_rate,
+        key_fail_rate,
+        unreachable,
+        phantom_rate,
+        gdr_write_fail_rate,
+        default_codes_fail_rate,
+    ) -> None:
+        self._apply_faults(
+            latency_ms,
+            fail_rate,
+            key_fail_rate,
+            unreachable,
+            phantom_rate,
+            gdr_write_fail_rate,
+            default_codes_fail_rate,
+        )
 
-    def _apply_faults(self, latency_ms, fail_rate, key_fail_rate, unreachable, phantom_rate, gdr_write_fail_rate):
+    def _apply_faults(
+        self,
+        latency_ms,
+        fail_rate,
+        key_fail_rate,
+        unreachable,
+        phantom_rate,
+        gdr_write_fail_rate,
+        default_codes_fail_rate,
+    ):
         faults = self.store.faults
         faults.gdr_write_fail_rate = gdr_write_fail_rate
         faults.latency_s = latency_ms / 1000
@@ -124,6 +166,7 @@ class FaultyConnectorMachine(RuleBasedStateMachine):
         faults.key_fail_rate = key_fail_rate
         faults.unreachable = unreachable
         faults.phantom_rate = phantom_rate
+        faults.default_codes_fail_rate = default_codes_fail_rate
         self._step()
 
     @rule()
@@ -197,9 +240,27 @@ class QueuedPutsMachine(FaultyConnectorMachine):
         unreachable=st.sampled_from([False, False, False, True]),
         phantom_rate=st.sampled_from([0.0, 0.5]),
         gdr_write_fail_rate=st.sampled_from([0.0, 0.0, 0.5, 1.0]),
+        default_codes_fail_rate=st.sampled_from([0.0, 0.0, 0.5]),
     )
-    def set_faults(self, latency_ms, fail_rate, key_fail_rate, unreachable, phantom_rate, gdr_write_fail_rate) -> None:
-        self._apply_faults(latency_ms, fail_rate, key_fail_rate, unreachable, phantom_rate, gdr_write_fail_rate)
+    def set_faults(
+        self,
+        latency_ms,
+        fail_rate,
+        key_fail_rate,
+        unreachable,
+        phantom_rate,
+        gdr_write_fail_rate,
+        default_codes_fail_rate,
+    ) -> None:
+        self._apply_faults(
+            latency_ms,
+            fail_rate,
+            key_fail_rate,
+            unreachable,
+            phantom_rate,
+            gdr_write_fail_rate,
+            default_codes_fail_rate,
+        )
 
     def _step(self) -> None:
         # No quiesce: writes stay queued or in flight across steps, and the
@@ -259,7 +320,9 @@ def test_connector_never_serves_wrong_bytes_under_faults(machine, mexist_miss, m
     assert COVERAGE["steps"] >= 1000, COVERAGE
     # Queued puts make partial gets depend on thread timing (not on the seed),
     # so those machines do not require one; test_write_behind.py has a fixed one.
-    required = ("ok_gets_checked", "timeouts", "breaker_trips", "retries", "fast_fails", "gdr_resends")
+    required = (
+        "ok_gets_checked", "timeouts", "breaker_trips", "retries", "fast_fails", "gdr_resends", "default_codes_replies",
+    )  # fmt: skip
     if machine is FaultyConnectorMachine:
         required += ("partial_gets",)
     for exercised in required:

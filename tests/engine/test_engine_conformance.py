@@ -671,10 +671,9 @@ def test_mget_without_buffers_returns_bytes(engine_session):
 def test_enum_numbers_are_the_documented_ones(engine_session):
     eic = engine_session.eic
     assert [eic.TransportType(n).name for n in (0, 2, 3)] == ["TRANSPORT_TCP", "TRANSPORT_RDMA", "TRANSPORT_GDR"]
-    with pytest.raises(ValueError):
-        eic.TransportType(1)
-    assert eic.StatusCode.SUCCESS == 0 and eic.StatusCode.KEY_NOT_EXIST == 5
-    assert all(code > 100 for code in (eic.StatusCode.VALUE_TOO_LARGE, eic.StatusCode.NOT_INITIALIZED))
+    assert eic.TransportType(1).name == "???"  # pybind11 casts any int
+    assert int(eic.StatusCode.SUCCESS) == 0 and int(eic.StatusCode.KEY_NOT_EXIST) == 5
+    assert all(int(code) > 100 for code in (eic.StatusCode.VALUE_TOO_LARGE, eic.StatusCode.NOT_INITIALIZED))
 
 
 def test_string_vector_holds_only_str(engine_session):

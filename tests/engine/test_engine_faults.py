@@ -232,6 +232,25 @@ def test_gdr_write_failures_are_per_key_inside_partial_failed():
     assert mexist(client, names(100))[1] == [SUCCESS if c == SUCCESS else KEY_NOT_EXIST for c in codes]
 
 
+# ------------------------------------------------------- default_codes_fail_rate
+def test_failed_call_with_default_codes_does_nothing_yet_every_code_says_success():
+    client = connect("liar")
+    mset(client, ["old"], seed=7)
+    get_store("liar").faults.default_codes_fail_rate = 1.0
+
+    assert mset(client, ["old", "new"], seed=9) == (FAILED, [SUCCESS, SUCCESS])
+    status, codes, arrays = mget(client, ["old"])
+    assert (status, codes) == (FAILED, [SUCCESS]) and (arrays[0] == 0x5A).all()
+    assert mexist(client, ["old", "absent"]) == (FAILED, [SUCCESS, SUCCESS])
+    status, outcome = client.mdel(keys(["old"]), eic.DelOption())
+    assert (status, list(outcome.status_codes)) == (FAILED, [SUCCESS])
+
+    get_store("liar").faults.clear()
+    assert mexist(client, ["old", "new"])[1] == [SUCCESS, KEY_NOT_EXIST]
+    status, codes, arrays = mget(client, ["old"])
+    assert codes == [SUCCESS] and (arrays[0] == 7).all()  # neither overwritten nor deleted
+
+
 # ---------------------------------------------------------------------- seeds
 def _key_codes_for(seed: int) -> list:
     client = connect(f"seeded-{seed}?key_fail_rate=0.3&seed={seed}")
@@ -318,6 +337,7 @@ def test_every_documented_param_is_parsed():
         "phantom_rate",
         "gdr_write_fail_rate",
         "mexist_miss",
+        "default_codes_fail_rate",
         "seed",
         "dir",
     }

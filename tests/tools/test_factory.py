@@ -118,9 +118,9 @@ BAD_CONFIGS = [
     ("bad url", "remote_url: redis://x:1\n", "remote_url: expected eic://host:port or local://"),
     ("sdk missing", "remote_url: eic://10.0.0.1:12500\neic_instance_id: abc\n", "needs the EIC Python SDK"),
     (
-        "transport the sdk lacks",
+        "transport the sdk does not document",
         "remote_url: local://\neic_trans_type: 1\n",
-        "eic_trans_type: 1 is not a value this SDK knows",
+        "eic_trans_type: expected one of 0 (TCP), 2 (RDMA), 3 (GDR), got 1",
     ),
 ]
 

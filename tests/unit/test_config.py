@@ -315,8 +315,6 @@ def test_engine_parameters_that_overflow_name_the_parameter(tmp_path, param):
         ("breaker_failures: 10000000000", "breaker_failures"),
         ("warmup_keys: 10000000", "warmup_keys"),
         ("eic_kv_ttl: 10000000000", "eic_kv_ttl"),
-        ("eic_log_level: 100000", "eic_log_level"),
-        ("eic_trans_type: 100000", "eic_trans_type"),
         ("batch_bytes: 1TiB", "batch_bytes"),
         ("max_value_bytes: 8GiB", "max_value_bytes"),
         ("probe_interval_s: 0.00001", "probe_interval_s"),
