@@ -17,7 +17,7 @@ How each is built:
 - upstream: the same `L2Cache("EIC", ...)` call while the module AIBrix
   imports for EIC (`aibrix_kvcache.l2.connectors.eic`) is, for the duration
   of the call, one whose EICConnector is upstream's class; that class is
-  loaded by aibrix_eic.upstream with our engine bound as its `eic` (so its
+  loaded by aibrix_eic.aibrix_compat.upstream with our engine bound as its `eic` (so its
   `eic://NAME?params` endpoint names an engine store).
 - memcpy: ctypes.memmove of each block into pre-faulted buffers, one thread.
   Its puts alternate between two buffer sets, as the engine's overwrites do

@@ -1,6 +1,6 @@
 """Every copy the connector and the engine make is right for the memory it
 touches: a host copy (memmove) of a device address kills the process, so
-regions on a device are copied with torch (aibrix_eic.device_memory,
+regions on a device are copied with torch (aibrix_eic.util.device_memory,
 aibrix_eic.engine.device).
 
 Without a GPU, a "fake device" stands in: host memory that the code under

@@ -54,7 +54,7 @@ def test_inside_vllm_records_use_vllms_handler_and_follow_reconfiguration(logger
     assert logs.route_to_vllm() is True  # idempotent: one forwarder
     assert sum(isinstance(h, logs._VllmForwarder) for h in ours.handlers) == 1
     logging.getLogger("aibrix_eic.connector").info("EIC connector open: remote_url=%s", "local://")
-    logging.getLogger("aibrix_eic.link").debug("not at vLLM's level")
+    logging.getLogger("aibrix_eic.link.link").debug("not at vLLM's level")
     out = first_stream.getvalue()
     assert "INFO [test_logs_vllm.py:" in out and "EIC connector open: remote_url=local://" in out
     assert out.startswith("(VLLMFMT pid=")
@@ -63,7 +63,7 @@ def test_inside_vllm_records_use_vllms_handler_and_follow_reconfiguration(logger
     # vLLM's engine and worker processes re-run dictConfig: new handler objects
     second, second_stream = _vllm_handler()
     vllm.handlers[:] = [second]
-    logging.getLogger("aibrix_eic.link").warning("EIC circuit OPEN for %s", "local://")
+    logging.getLogger("aibrix_eic.link.link").warning("EIC circuit OPEN for %s", "local://")
     assert "WARNING [test_logs_vllm.py:" in second_stream.getvalue()
     assert "circuit OPEN" not in first_stream.getvalue()
 
@@ -84,5 +84,7 @@ def test_rate_limited_lines_name_their_caller(loggers, monkeypatch):
     vllm.setLevel(logging.INFO)
     ours.setLevel(logging.NOTSET)
     logs.route_to_vllm()
-    logs.RateLimitedLogger(logging.getLogger("aibrix_eic.link")).log("k", logging.WARNING, "EIC call failed: %s", "x")
+    logs.RateLimitedLogger(logging.getLogger("aibrix_eic.link.link")).log(
+        "k", logging.WARNING, "EIC call failed: %s", "x"
+    )
     assert "[test_logs_vllm.py:" in stream.getvalue(), stream.getvalue()
