@@ -132,11 +132,11 @@ def test_the_engine_copies_registered_device_memory_with_torch(monkeypatch):
     buf[:BLOCK] = np.frombuffer(payload(2), dtype=np.uint8)
     vals = engine_surface.IOBuffers()
     vals.append(start, BLOCK, True)
-    status, _ = client.mset(["a"], vals)
+    status, _ = client.mset(engine_surface.StringVector(["a"]), vals, engine_surface.SetOption())
     assert status == engine_surface.StatusCode.SUCCESS
     out = engine_surface.IOBuffers()
     out.append(start + BLOCK, BLOCK, False)  # flagged unregistered, still inside the device registration
-    status, _, outcome = client.mget(["a"], None, out)
+    status, _, outcome = client.mget(engine_surface.StringVector(["a"]), engine_surface.GetOption(), out)
     assert status == engine_surface.StatusCode.SUCCESS, outcome
     assert buf[BLOCK : 2 * BLOCK].tobytes() == payload(2)
     assert guard.refused == 0
