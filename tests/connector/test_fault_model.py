@@ -118,7 +118,15 @@ class FaultyConnectorMachine(RuleBasedStateMachine):
 
     @initialize()
     def start_healthy(self) -> None:
-        self.store.faults.clear()
+        """Every example starts healthy, after one put that EIC refuses as a
+        registered write (GDR_TRANSFER_ERROR): the re-send unregistered runs
+        in every example, not only when the random faults happen to allow it."""
+        faults = self.store.faults
+        faults.clear()
+        faults.gdr_write_fail_rate = 1.0
+        self.put(keys=[KEYS[0]])
+        assert self.rig.conn.write_behind.wait_idle(5), "the refused write was never flushed"
+        faults.clear()
 
     @rule(
         latency_ms=st.sampled_from([0, 0, 1, 40]),
