@@ -18,7 +18,7 @@ import prometheus_client
 import pytest
 import torch
 from aibrix_kvcache.cache_hashable import KVCacheKey
-from harness import BLOCK_NTOKENS, block_spec, make_manager, pattern, tokens, use_config
+from harness import BLOCK_NTOKENS, block_spec, connector_of, make_manager, pattern, tokens, use_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -89,7 +89,7 @@ class EvictedRun:
 
     @property
     def connector(self):
-        return self.cache._l2_cache._backend
+        return connector_of(self.cache)
 
     def close(self) -> None:
         self.cache.close()
