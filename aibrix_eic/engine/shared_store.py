@@ -27,165 +27,37 @@ Per process, as with the in-process store: `faults`, `stats`,
 """
 
 import ctypes
-import hashlib
 import math
 import os
-import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
-from urllib.parse import quote
 
 import lmdb
 import numpy as np
 
-from ..engine import device
+from . import device
 from .enums import StatusCode
 from .faults import Faults
+from .shared_records import (
+    COUNT,
+    DIGEST_MARK,
+    META,
+    Writer,
+    address_of,
+    db_key_of,
+    names_of,
+    raw_key,
+    source_bytes,
+    store_dir,
+)
 from .store import StoreStats
 
 _memmove = ctypes.memmove  # a module global so tests can slow a copy down
 
-_META = struct.Struct("<QdQ")  # seq, expires_at (inf: never), nbytes
-_SEQ = struct.Struct(">Q")  # big-endian: LMDB's byte order is the seq order
-_EXPIRY = struct.Struct(">dQ")  # positive doubles sort bytewise in big-endian
-_COUNT = struct.Struct("<Q")
-_MAX_DB_KEY = 480  # LMDB's default key limit is 511 bytes
-_DIGEST_MARK = b"\xff\xff"  # never a namespace length: those stay below _MAX_DB_KEY
 _MAX_REMEMBERED_HITS = 65536
 _MAP_SLACK = 64 << 20
 DEFAULT_CAPACITY = 4 * 1024**3
-
-
-def store_dir(directory: str, name: str) -> str:
-    """Where the store `name` lives under `directory` (names may hold ':' or '/')."""
-    return os.path.join(os.path.abspath(directory), quote(name, safe="") or "default")
-
-
-def _raw_key(ns: str, key: str) -> bytes:
-    """Namespace and key as one byte string: (ns length, ns, key)."""
-    ns_bytes = ns.encode("utf-8", "surrogatepass")
-    return struct.pack("<H", len(ns_bytes)) + ns_bytes + key.encode("utf-8", "surrogatepass")
-
-
-def _db_key(raw: bytes) -> bytes:
-    """The raw key, or its digest when LMDB's key limit is too small for it
-    (a raw key that fits has a namespace length below 0xffff, so the two
-    never collide)."""
-    return raw if len(raw) <= _MAX_DB_KEY else _DIGEST_MARK + hashlib.sha256(raw).digest()
-
-
-def _names(raw: bytes) -> tuple[str, str]:
-    (ns_len,) = struct.unpack_from("<H", raw)
-    return (
-        raw[2 : 2 + ns_len].decode("utf-8", "surrogatepass"),
-        raw[2 + ns_len :].decode("utf-8", "surrogatepass"),
-    )
-
-
-def _address(buffer: memoryview) -> int:
-    return np.frombuffer(buffer, dtype=np.uint8).ctypes.data
-
-
-def _caller_memory(addr: int, nbytes: int) -> memoryview:
-    return memoryview((ctypes.c_char * nbytes).from_address(addr)).cast("B")
-
-
-def _source_bytes(addr: int, nbytes: int, on_device: bool):
-    """What put_many stores from a caller buffer: device memory is first
-    copied to the host (never read by a host memmove)."""
-    if not on_device:
-        return _caller_memory(addr, nbytes)
-    host = np.empty(nbytes, dtype=np.uint8)
-    device.copy_from_device(host, addr)
-    return host
-
-
-class _Writer:
-    """One write transaction's view of the bookkeeping; save() writes it back."""
-
-    def __init__(self, txn: lmdb.Transaction, store: "SharedStore") -> None:
-        self.txn = txn
-        self.dbs = store._dbs
-        self.stats = store.stats
-        info = self.dbs["info"]
-        self.capacity = self._count(txn.get(b"capacity", db=info), store._initial_capacity)
-        self.live = self._count(txn.get(b"live", db=info), 0)
-        self.seq = self._count(txn.get(b"seq", db=info), 0)
-
-    @staticmethod
-    def _count(raw, default: int) -> int:
-        return default if raw is None else _COUNT.unpack(raw)[0]
-
-    def save(self) -> None:
-        info = self.dbs["info"]
-        self.txn.put(b"capacity", _COUNT.pack(self.capacity), db=info)
-        self.txn.put(b"live", _COUNT.pack(max(self.live, 0)), db=info)
-        self.txn.put(b"seq", _COUNT.pack(self.seq), db=info)
-
-    def remove(self, db_key: bytes) -> int:
-        """Drop a value and its bookkeeping; its size, or 0 if absent."""
-        meta = self.txn.get(db_key, db=self.dbs["meta"])
-        if meta is None:
-            return 0
-        seq, expires_at, nbytes = _META.unpack_from(meta)
-        self.txn.delete(db_key, db=self.dbs["values"])
-        self.txn.delete(db_key, db=self.dbs["meta"])
-        self._unorder(seq, expires_at)
-        self.live -= nbytes
-        return nbytes
-
-    def publish(self, db_key: bytes, nbytes: int, expires_at: float, names: bytes) -> None:
-        """Count a value just stored under db_key and give it the newest place."""
-        self._order(db_key, nbytes, expires_at, names)
-        self.live += nbytes
-
-    def touch(self, db_key: bytes) -> None:
-        """Move a value to the most-recent end (a hit some read remembered)."""
-        meta = self.txn.get(db_key, db=self.dbs["meta"])
-        if meta is None:
-            return  # deleted or evicted since
-        seq, expires_at, nbytes = _META.unpack_from(meta)
-        self._unorder(seq, expires_at)
-        self._order(db_key, nbytes, expires_at, bytes(meta[_META.size :]))
-
-    def _order(self, db_key: bytes, nbytes: int, expires_at: float, names: bytes) -> None:
-        self.seq += 1
-        txn, dbs = self.txn, self.dbs
-        txn.put(db_key, _META.pack(self.seq, expires_at, nbytes) + names, db=dbs["meta"])
-        txn.put(_SEQ.pack(self.seq), db_key, db=dbs["order"])
-        if math.isfinite(expires_at):
-            txn.put(_EXPIRY.pack(expires_at, self.seq), db_key, db=dbs["expiry"])
-
-    def _unorder(self, seq: int, expires_at: float) -> None:
-        self.txn.delete(_SEQ.pack(seq), db=self.dbs["order"])
-        if math.isfinite(expires_at):
-            self.txn.delete(_EXPIRY.pack(expires_at, seq), db=self.dbs["expiry"])
-
-    def expire_due(self, now: float) -> None:
-        cursor = self.txn.cursor(db=self.dbs["expiry"])
-        while cursor.first():
-            expires_at, seq = _EXPIRY.unpack(cursor.key())
-            if expires_at > now:
-                break
-            db_key = bytes(cursor.value())
-            meta = self.txn.get(db_key, db=self.dbs["meta"])
-            if meta is not None and _META.unpack_from(meta)[0] == seq:
-                self.remove(db_key)  # drops this entry too
-                self.stats.expirations += 1
-            else:
-                cursor.delete()  # an entry no value owns any more
-
-    def make_room(self, nbytes: int) -> None:
-        """Evict least-recently-used values until `nbytes` more fit."""
-        cursor = self.txn.cursor(db=self.dbs["order"])
-        while self.live + nbytes > self.capacity and cursor.first():
-            victim = bytes(cursor.value())
-            if self.remove(victim) == 0:
-                cursor.delete()
-            self.stats.evictions += 1
-        if not cursor.first():
-            self.live = 0  # nothing left: whatever the count said was drift
 
 
 class SharedStore:
@@ -234,7 +106,7 @@ class SharedStore:
         self._dbs = {db: self._env.open_db(db.encode()) for db in ("values", "meta", "order", "expiry", "info")}
         with self._env.begin(write=True) as txn:
             if txn.get(b"capacity", db=self._dbs["info"]) is None:
-                txn.put(b"capacity", _COUNT.pack(self._initial_capacity), db=self._dbs["info"])
+                txn.put(b"capacity", COUNT.pack(self._initial_capacity), db=self._dbs["info"])
 
     @property
     def env(self) -> lmdb.Environment:
@@ -249,7 +121,7 @@ class SharedStore:
     def _info(self, name: bytes, default: int) -> int:
         with self.env.begin() as txn:
             raw = txn.get(name, db=self._dbs["info"])
-        return default if raw is None else _COUNT.unpack(raw)[0]
+        return default if raw is None else COUNT.unpack(raw)[0]
 
     @property
     def capacity(self) -> int:
@@ -276,27 +148,27 @@ class SharedStore:
         found = []
         with self.env.begin() as txn:
             for db_key, meta in txn.cursor(db=self._dbs["meta"]):
-                raw = meta[_META.size :] if db_key.startswith(_DIGEST_MARK) else db_key
-                found.append(_names(bytes(raw)))
+                raw = meta[META.size :] if db_key.startswith(DIGEST_MARK) else db_key
+                found.append(names_of(bytes(raw)))
         return found
 
     def value_size(self, ns: str, key: str) -> int | None:
         """Size of the unexpired value under (ns, key), or None."""
         with self.env.begin() as txn:
-            meta = txn.get(_db_key(_raw_key(ns, key)), db=self._dbs["meta"])
+            meta = txn.get(db_key_of(raw_key(ns, key)), db=self._dbs["meta"])
         if meta is None:
             return None
-        _, expires_at, nbytes = _META.unpack_from(meta)
+        _, expires_at, nbytes = META.unpack_from(meta)
         return None if expires_at <= self.clock() else nbytes
 
     # --------------------------------------------------------------- writes
-    def _write(self, work: Callable[[_Writer], None]) -> None:
+    def _write(self, work: Callable[[Writer], None]) -> None:
         """Run `work` in one write transaction, after the hits remembered
         since the last one and the due expiries."""
         with self._hits_lock:
             hits, self._hits = self._hits, {}
         with self.env.begin(write=True) as txn:
-            writer = _Writer(txn, self)
+            writer = Writer(txn, self)
             for db_key in hits:
                 writer.touch(db_key)
             writer.expire_due(self.clock())
@@ -306,7 +178,7 @@ class SharedStore:
     def clear(self) -> None:
         """Drop every value (the capacity stays)."""
 
-        def drop(writer: _Writer) -> None:
+        def drop(writer: Writer) -> None:
             for db in ("values", "meta", "order", "expiry"):
                 writer.txn.drop(self._dbs[db], delete=False)
             writer.live = 0
@@ -314,7 +186,7 @@ class SharedStore:
         self._write(drop)
 
     def set_capacity(self, capacity: int) -> None:
-        def resize(writer: _Writer) -> None:
+        def resize(writer: Writer) -> None:
             writer.capacity = capacity
             writer.make_room(0)
 
@@ -333,18 +205,18 @@ class SharedStore:
         values are published together, or none are."""
         codes = [StatusCode.SUCCESS] * len(keys)
 
-        def store(writer: _Writer) -> None:
+        def store(writer: Writer) -> None:
             values = self._dbs["values"]
             for i, key in enumerate(keys):
                 addr, nbytes = sources[i]
                 if nbytes > writer.capacity:
                     codes[i] = StatusCode.OUT_OF_CAPACITY
                     continue
-                raw = _raw_key(ns, key)
-                db_key = _db_key(raw)
+                raw = raw_key(ns, key)
+                db_key = db_key_of(raw)
                 writer.remove(db_key)  # an overwrite frees the old value first
                 writer.make_room(nbytes)
-                writer.txn.put(db_key, _source_bytes(addr, nbytes, bool(on_device and on_device[i])), db=values)
+                writer.txn.put(db_key, source_bytes(addr, nbytes, bool(on_device and on_device[i])), db=values)
                 expires_at = self.clock() + ttl_second if ttl_second > 0 else math.inf
                 names = b"" if db_key is raw else raw  # keys() reads digest keys' names here
                 writer.publish(db_key, nbytes, expires_at, names)
@@ -364,9 +236,9 @@ class SharedStore:
         """Remove each key; True where an unexpired value was there to remove."""
         removed = [False] * len(keys)
 
-        def delete(writer: _Writer) -> None:
+        def delete(writer: Writer) -> None:
             for i, key in enumerate(keys):
-                removed[i] = writer.remove(_db_key(_raw_key(ns, key))) > 0
+                removed[i] = writer.remove(db_key_of(raw_key(ns, key))) > 0
 
         self._write(delete)
         self.stats.deletes += len(keys)
@@ -394,11 +266,11 @@ class SharedStore:
         with self.env.begin(buffers=True) as txn:
             now = self.clock()
             for i, key in enumerate(keys):
-                db_key = _db_key(_raw_key(ns, key))
+                db_key = db_key_of(raw_key(ns, key))
                 meta = txn.get(db_key, db=meta_db)
                 if meta is None:
                     continue
-                _, expires_at, nbytes = _META.unpack_from(meta)
+                _, expires_at, nbytes = META.unpack_from(meta)
                 if expires_at <= now:
                     continue  # the next write transaction removes it
                 addr, length = destinations[i]
@@ -411,7 +283,7 @@ class SharedStore:
                 if on_device and on_device[i]:
                     device.copy_to_device(addr, np.frombuffer(value, dtype=np.uint8))
                 else:
-                    _memmove(addr, _address(value), nbytes)
+                    _memmove(addr, address_of(value), nbytes)
                 codes[i] = StatusCode.SUCCESS
                 hits.append(db_key)
                 copied += nbytes
@@ -433,8 +305,8 @@ class SharedStore:
         with self.env.begin(buffers=True) as txn:
             now = self.clock()
             for key in keys:
-                meta = txn.get(_db_key(_raw_key(ns, key)), db=meta_db)
-                found.append(meta is not None and _META.unpack_from(meta)[1] > now)
+                meta = txn.get(db_key_of(raw_key(ns, key)), db=meta_db)
+                found.append(meta is not None and META.unpack_from(meta)[1] > now)
         self.stats.exists += len(keys)
         return found
 
