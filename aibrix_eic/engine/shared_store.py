@@ -406,6 +406,8 @@ class SharedStore:
                     codes[i] = StatusCode.BUFFER_SIZE_MISMATCH
                     continue
                 value = txn.get(db_key, db=values_db)
+                if value is None:  # meta and value are written in one transaction; a miss if they ever are not
+                    continue
                 if on_device and on_device[i]:
                     device.copy_to_device(addr, np.frombuffer(value, dtype=np.uint8))
                 else:
