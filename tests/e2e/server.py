@@ -285,6 +285,18 @@ class Server:
                 return []
             time.sleep(0.2)
 
+    def metrics(self) -> dict[tuple[str, frozenset], float]:
+        """Every sample of the server's /metrics: (name, labels) -> value."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as reply:
+            text = reply.read().decode()
+        return {
+            (sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
     # ------------------------------------------------------------ the probe
     def store_stats(self) -> dict[int, dict]:
         """pid -> the probe's latest snapshot, for processes that use the engine."""
@@ -335,3 +347,9 @@ class Server:
         raise ServerError(
             f"{self.name}: probe command {name} not done in {processes} processes within {timeout_s:.0f}s"
         )
+
+
+def metric_value(samples: dict[tuple[str, frozenset], float], name: str, **labels: str) -> float:
+    """The sum of the samples of `name` whose labels include `labels`."""
+    wanted = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= ls)

@@ -5,7 +5,8 @@ imports it at start in every server process (API server, engine core,
 workers). With E2E_PROBE_DIR set, a daemon thread in each process that has
 loaded the embedded engine (it never imports it) does, every 0.2 s:
 
-- writes `store-<pid>.json`: each engine store's stats and key count, the
+- writes `store-<pid>.json`: each engine store's stats and key count
+  (for a shared store: this process's stats, the store's key count), the
   evidence that our L2 received and served blocks (the store lives in the
   worker process, so the test cannot read it directly);
 - runs each `cmd-<name>.json` not yet run by this process, then writes
@@ -34,6 +35,7 @@ import time
 _DIR = os.environ.get("E2E_PROBE_DIR")
 _AT_START = os.environ.get("E2E_PROBE_AT_START")
 _REGISTRY = "aibrix_eic.engine.registry"
+_SHARED = "aibrix_eic.engine.shared_store"
 
 
 def _apply_at_start(registry) -> None:
@@ -69,6 +71,8 @@ def _write(path: str, payload: dict) -> None:
 
 
 def _corrupt(store) -> int:
+    if not hasattr(store, "_index"):
+        raise TypeError(f"corrupt: only in-process stores, not {type(store).__name__}")
     with store._lock:
         values = list(store._index.values())
         for value in values:
@@ -76,9 +80,19 @@ def _corrupt(store) -> int:
     return len(values)
 
 
+def _stores(registry) -> list:
+    """(name, store) of every engine store this process opened: in-process
+    ones and handles of shared ones (`local://NAME?dir=DIR`)."""
+    stores = list(registry._stores.items())
+    shared = sys.modules.get(_SHARED)
+    if shared is not None:
+        stores += [(store.name, store) for store in list(shared._shared.values())]
+    return stores
+
+
 def _run(registry, command: dict) -> dict:
     result = {}
-    for name, store in list(registry._stores.items()):
+    for name, store in _stores(registry):
         if "params" in command:
             _, params = registry.parse_endpoint("?" + command["params"])
             registry.apply_params(store, params)
@@ -108,7 +122,7 @@ def _loop() -> None:
                     _write(os.path.join(_DIR, f"done-{entry[4:-5]}-{pid}.json"), result)
             stores = {
                 name: dict(vars(store.stats), keys=len(store), unreachable=store.faults.unreachable)
-                for name, store in list(registry._stores.items())
+                for name, store in _stores(registry)
             }
             live = sys.modules.get("aibrix_eic.observability.health")
             health = sys.modules["aibrix_eic"].health() if live is not None else []
