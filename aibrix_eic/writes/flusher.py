@@ -190,12 +190,12 @@ class Flusher:
         """Take and send rounds until nothing is queued. Runs on a pool
         thread: as a task, or on the thread that finished a round's last call."""
         try:
-            self._drain_rounds(drain)
+            self._drain_rounds(drain, time.monotonic())
         except BaseException as e:  # a bug: the drain must not stay marked running, or nothing flushes again
             self._rate_log.log("wb-internal", logging.ERROR, "EIC write-behind drain failed internally: %r", e)
             self._drain_ended(drain)
 
-    def _drain_rounds(self, drain: Drain) -> None:
+    def _drain_rounds(self, drain: Drain, task_started: float) -> None:
         table = self._table
         while True:
             with table.cond:
@@ -222,8 +222,12 @@ class Flusher:
             if not self._rounds.send(drain, writes, deletes):
                 return  # calls still running on other threads: the last to end carries on
             pool = self._link.data_pool
-            if pool is not None and pool.waiting_ahead_of(PUT_PRIORITY):
-                self._submit_drain(drain)  # let queued gets and probes run first
+            # Let queued gets and probes run first; and hand the thread back well before the pool
+            # would take a long stream of rounds for a call stuck past every deadline.
+            if pool is not None and (
+                pool.waiting_ahead_of(PUT_PRIORITY) or time.monotonic() - task_started > self._round_timeout_s / 4
+            ):
+                self._submit_drain(drain)
                 return
 
     def _submit_drain(self, drain: Drain) -> None:
