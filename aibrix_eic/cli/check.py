@@ -20,6 +20,7 @@ from typing import TextIO
 import torch
 
 from ..config import ENV_CONFIG, EICConfig, config_path_from_env
+from .check_namespace import NamespaceSteps
 from .check_steps import FAIL, PASS, SKIP, WARN, StepFailed
 from .check_ttl import TtlSteps
 
@@ -33,7 +34,7 @@ class StepResult:
     fix: str = ""
 
 
-class Checker(TtlSteps):
+class Checker(TtlSteps, NamespaceSteps):
     """Runs the steps in order; after a failure the rest are skipped."""
 
     def __init__(self, block_nbytes: int | None, routed_at_start: bool, out: TextIO, as_json: bool = False) -> None:

@@ -1,7 +1,7 @@
-"""The steps of `aibrix-eic check`, in the order it runs them. Each returns
+"""The steps of `aibrix-eic check`, in the order it runs them; the namespace
+and TTL steps are in check_namespace.py and check_ttl.py. Each returns
 (verdict, detail) or raises StepFailed with what to fix."""
 
-import dataclasses
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..config import ENV_CONFIG, ConfigError, EICConfig, config_path_from_env
-from ..link.sdk import HIT, SdkClient, load_sdk_module
+from ..link.sdk import load_sdk_module
 from ..util.units import format_size
 from ..writes.write_behind import SLAB_SHARE
 from .check_advice import what_to_fix as _advice
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 PASS, FAIL, WARN, SKIP = "PASS", "FAIL", "WARN", "SKIP"
 
 DEFAULT_BLOCK_NBYTES = 2 * 1024**2  # one llama3-8b block
-OTHER_NAMESPACE_SUFFIX = "aibrix-eic-check"
 # How long the TTL probe waits for a real cluster to expire a 1 s key.
 TTL_PROBE_WAIT_S = 3.0
 NEVER_EXPIRES_PROBE_S = 30 * 24 * 3600
@@ -234,46 +233,6 @@ class CheckSteps:
         if not status.is_not_found():
             raise StepFailed(f"exists failed: {status}", what_to_fix(self.config, str(status)))
         return PASS, "miss, as expected"
-
-    def check_namespace(self) -> tuple[str, str]:
-        """A key written in our namespace is invisible from another one: the
-        same EIC key string, asked for through a client whose options carry
-        another namespace, must miss."""
-        from ..keys.codec import KeyCodec
-
-        config = self.cfg
-        other_ns = f"{config.eic_kv_ns}-{OTHER_NAMESPACE_SUFFIX}" if config.eic_kv_ns else OTHER_NAMESPACE_SUFFIX
-        key = os.urandom(16)
-        self.cleanup_keys.add(key)
-        self._put_into_eic(key)
-        eic_key = KeyCodec(self.conn.conn_id, config.eic_kv_ns, self.conn.model_identity.token).encode(key)
-        ours, error = SdkClient.connect(self.sdk, config)
-        if ours is None:
-            raise StepFailed(f"a second client could not connect: {error}", what_to_fix(self.config, error))
-        theirs, error = SdkClient.connect(self.sdk, dataclasses.replace(config, eic_kv_ns=other_ns))
-        if theirs is None:
-            raise StepFailed(
-                f"a client for namespace {other_ns!r} could not connect: {error}", what_to_fix(self.config, error)
-            )
-        seen_here = ours.mexist([eic_key])
-        if seen_here.outcomes != [HIT]:
-            raise StepFailed(
-                f"the block is not visible through the SDK in its own namespace {config.eic_kv_ns!r}: "
-                f"{seen_here.detail}",
-                "the connector and the SDK disagree on the key or namespace; report it",
-            )
-        seen_there = theirs.mexist([eic_key])
-        if seen_there.outcomes == [HIT]:
-            raise StepFailed(
-                f"a block written in namespace {config.eic_kv_ns!r} is visible from namespace {other_ns!r}",
-                "this EIC does not separate namespaces: give each deployment its own "
-                "AIBRIX_KV_CACHE_OL_L2_CACHE_NAMESPACE so their keys differ",
-            )
-        if seen_there.whole_call_failed:  # real clusters only know provisioned namespaces
-            how = f"not visible there (that namespace does not answer: {seen_there.detail})"
-        else:
-            how = "a miss there"
-        return PASS, f"namespace {config.eic_kv_ns!r} is isolated: the same EIC key asked for in {other_ns!r} is {how}"
 
     def close_connector(self) -> tuple[str, str]:
         for key in list(self.cleanup_keys):

@@ -8,11 +8,12 @@ overwrite of a pinned value only unlinks it, and its buffer is recycled when
 the last reader unpins it. A value being written is published only after its
 copy finished, so readers never see a half-written value.
 
-Memory: every buffer the store owns counts in `held_bytes` (published values,
-values being written, unlinked-but-pinned values, and freed buffers kept for
-reuse). Allocation keeps `held_bytes <= capacity` by recycling freed buffers,
-then dropping freed buffers of other sizes, then evicting LRU values; a write
-that still does not fit fails with OUT_OF_CAPACITY. Only set_capacity can
+Memory (StoreBuffers, store_memory.py): every buffer the store owns counts in
+`held_bytes` (published values, values being written, unlinked-but-pinned
+values, and freed buffers kept for reuse). Allocation keeps
+`held_bytes <= capacity` by recycling freed buffers, then dropping freed
+buffers of other sizes, then evicting LRU values; a write that still does not
+fit fails with OUT_OF_CAPACITY. Only set_capacity can
 leave it above capacity, by what pinned reads and in-flight writes hold until
 they finish. Per value the bookkeeping (value object, numpy header, index
 entry, key) is about 420 bytes; benchmarks/bench_engine.py measures it.
@@ -32,20 +33,9 @@ import numpy as np
 from ..engine import device
 from .enums import StatusCode
 from .faults import Faults
+from .store_memory import StoreBuffers, _Value
 
 _memmove = ctypes.memmove
-
-
-class _Value:
-    __slots__ = ("buf", "addr", "nbytes", "expires_at", "pins", "linked")
-
-    def __init__(self, buf: np.ndarray, addr: int, nbytes: int) -> None:
-        self.buf = buf
-        self.addr = addr  # buf's data pointer, kept with it: numpy's lookup is slow
-        self.nbytes = nbytes
-        self.expires_at: float | None = None
-        self.pins = 0
-        self.linked = False
 
 
 @dataclass
@@ -68,7 +58,7 @@ class StoreStats:
 MEXIST_MISS_READINGS = ("success", "failed")
 
 
-class Store:
+class Store(StoreBuffers):
     """A capacity-bounded byte store shared by every Client bound to it."""
 
     # How absent keys shape mexist's top-level status (docs/engine.md):
@@ -299,61 +289,3 @@ class Store:
         self._live_bytes -= value.nbytes
         if value.pins == 0:
             self._recycle_unsafe(value)
-
-    def _recycle_unsafe(self, value: _Value) -> None:
-        buf = value.buf
-        value.buf = None  # type: ignore[assignment]
-        if buf is None:
-            return
-        if self._held_bytes <= self.capacity:
-            self._free.setdefault(value.nbytes, []).append((buf, value.addr))
-            self._free_bytes += value.nbytes
-        else:
-            self._held_bytes -= value.nbytes
-
-    def _allocate_unsafe(self, nbytes: int) -> _Value | None:
-        if nbytes > self.capacity:
-            return None  # evicting everything would not make it fit
-        spare = self._free.get(nbytes)
-        if spare:
-            self._free_bytes -= nbytes
-            buf, addr = spare.pop()
-            if not spare:
-                del self._free[nbytes]  # _make_room_unsafe expects no empty lists
-            return _Value(buf, addr, nbytes)
-        reused = self._make_room_unsafe(nbytes)
-        if reused is not None:
-            return _Value(*reused, nbytes)
-        if self._held_bytes + nbytes > self.capacity:
-            return None
-        self._held_bytes += nbytes
-        self.stats.allocations += 1
-        buf = np.empty(nbytes, dtype=np.uint8)
-        return _Value(buf, buf.ctypes.data, nbytes)
-
-    def _make_room_unsafe(self, nbytes: int) -> tuple[np.ndarray, int] | None:
-        """Free bytes until `nbytes` more fit under capacity.
-
-        Returns an evicted buffer of exactly `nbytes` when one turns up, for
-        the caller to reuse in place of a new allocation.
-        """
-        while self._held_bytes + nbytes > self.capacity and self._free_bytes:
-            size, bufs = next(iter(self._free.items()))
-            bufs.pop()
-            if not bufs:
-                del self._free[size]
-            self._free_bytes -= size
-            self._held_bytes -= size
-        while self._held_bytes + nbytes > self.capacity and self._index:
-            _, victim = self._index.popitem(last=False)
-            self.stats.evictions += 1
-            victim.linked = False
-            self._live_bytes -= victim.nbytes
-            if victim.pins:
-                continue  # freed by its last reader
-            if nbytes and victim.nbytes == nbytes:
-                buf, victim.buf = victim.buf, None  # type: ignore[assignment]
-                return buf, victim.addr
-            victim.buf = None  # type: ignore[assignment]
-            self._held_bytes -= victim.nbytes
-        return None
