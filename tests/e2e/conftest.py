@@ -10,6 +10,7 @@ import random
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,52 @@ def stop_server(server: Server) -> None:
         _live.remove(server)
 
 
+# Servers of modules that need one server each, in the order the modules
+# run. A server start is mostly one core importing vLLM, three processes in
+# turn, so each of these starts while the tests before it run: the baseline
+# starts the first, and each claim starts the next (at most one ahead).
+ServerSpec = Callable[[Path, Path], dict]  # (model_dir, workdir) -> start_server's keywords
+_queue: list[tuple[str, str, ServerSpec]] = []  # (module file, server name, spec), import order
+_ahead: dict[str, Server] = {}
+
+
+def queue_server(module_file: str, name: str, spec: ServerSpec) -> None:
+    """At a module's import: its server may start before the module runs."""
+    _queue.append((Path(module_file).name, name, spec))
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Start ahead only the servers of modules that will run, in their order."""
+    order = {}
+    for item in items:
+        order.setdefault(item.path.name, len(order))
+    _queue[:] = sorted((q for q in _queue if q[0] in order), key=lambda q: order[q[0]])
+
+
+def _start_next_ahead(model_dir: Path, workdir: Path) -> None:
+    if _queue:
+        _, name, spec = _queue.pop(0)
+        _ahead[name] = start_server(wait=False, **spec(model_dir, workdir))
+
+
+def claim_server(name: str, model_dir: Path, workdir: Path) -> Server:
+    """The queued server `name`, ready and warmed up; started now if it was
+    not started ahead. Starts the next queued server ahead."""
+    server = _ahead.pop(name, None)
+    if server is None:
+        (spec,) = [spec for _, queued, spec in _queue if queued == name]
+        _queue[:] = [q for q in _queue if q[1] != name]
+        server = start_server(wait=False, **spec(model_dir, workdir))
+    _start_next_ahead(model_dir, workdir)
+    try:
+        server.wait_ready()
+        server.warm_up()
+    except BaseException:
+        stop_server(server)
+        raise
+    return server
+
+
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
     return model.build("tiny", MODELS_ROOT)
@@ -147,9 +194,13 @@ def typo_server(model_dir, workdir) -> Server:
 
 @pytest.fixture(scope="session")
 def baseline(model_dir, workdir, typo_server) -> dict[str, Completion]:
-    """Every prompt's outputs from a server without the connector."""
-    server = start_server("baseline", model_dir, workdir, connector=False)
+    """Every prompt's outputs from a server without the connector. The first
+    queued module server starts beside it."""
+    server = start_server("baseline", model_dir, workdir, connector=False, wait=False)
+    _start_next_ahead(model_dir, workdir)
     try:
+        server.wait_ready()
+        server.warm_up()
         return {name: server.complete(prompt) for name, prompt in PROMPTS.items()}
     finally:
         stop_server(server)

@@ -1,17 +1,19 @@
 """Cross-engine reuse: separate vLLM servers on one shared engine store
-(`local://cross?dir=...`), each with its own PYTHONHASHSEED, AIBrix L1 off
-unless a case says otherwise.
+(`local://cross?dir=...`), each with its own PYTHONHASHSEED.
 
-Servers run in three stages of two (this machine fits no more), and the
-store carries what the first stage wrote into the later ones:
+Servers run in three stages (this machine fits two at once), and the store
+carries what the first stage wrote into the later ones:
 
-1. replicas A and B, side by side: A computes and offloads p0-p2, B reuses
-   p0, and A reuses p3 that B computed;
+1. replicas A (AIBrix L1 off) and B (L1 on, AIBrix's defaults: ingestion
+   HOT, synchronous writes), side by side: A computes and offloads p0-p2,
+   B's reload of p0 comes from L2 (its L1 is empty), and A reuses p3 that B
+   computed and then read twice (the read makes p3 hot, which is when HOT
+   ingestion writes it to L2);
 2. with A and B stopped (no process has the store open), a restart of A's
-   settings reuses p1, and a server with AIBrix's L1 on reuses p2 from L2;
-3. a different model with the same KV shapes, and A's weights under a
-   second path without model_id: both reuse nothing of p0 and give their
-   own computed outputs.
+   settings reuses p1, and A's weights under a second path without model_id
+   reuse nothing of p0 and give their own computed outputs;
+3. a different model with the same KV shapes reuses nothing of p0 either;
+   the suite's baseline server starts beside it.
 
 TP=2 replicas, and replicas sharing through model_id across mount paths,
 are in test_tp2.py.
@@ -25,6 +27,7 @@ from conftest import (
     identity_token,
     open_line,
     shared_store_url,
+    start_server,
     start_servers,
     stop_server,
     write_config,
@@ -40,10 +43,14 @@ MIN_REUSE = 0.95 * FULL_REUSE
 _live: list[Server] = []  # this module's current stage
 
 
-def _stage(*specs: dict) -> list[Server]:
-    """Stop the previous stage's servers, start these side by side."""
+def _stop_stage() -> None:
     while _live:
         stop_server(_live.pop())
+
+
+def _stage(*specs: dict) -> list[Server]:
+    """Stop the previous stage's servers, start these side by side."""
+    _stop_stage()
     servers = start_servers(*specs)
     _live.extend(servers)
     return servers
@@ -52,8 +59,7 @@ def _stage(*specs: dict) -> list[Server]:
 @pytest.fixture(scope="module", autouse=True)
 def _stop_last_stage():
     yield
-    while _live:
-        stop_server(_live.pop())
+    _stop_stage()
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +96,16 @@ def replicas(model_dir, workdir, url) -> Replicas:
     metrics_dir.mkdir(exist_ok=True)
     a, b = _stage(
         _spec("cross-a", model_dir, workdir, url, hash_seed=1),
-        _spec("cross-b", model_dir, workdir, url, hash_seed=2, PROMETHEUS_MULTIPROC_DIR=str(metrics_dir)),
+        _spec(
+            "cross-b",
+            model_dir,
+            workdir,
+            url,
+            hash_seed=2,
+            PROMETHEUS_MULTIPROC_DIR=str(metrics_dir),
+            AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED="1",  # AIBrix's default; ingestion and writes stay its defaults
+            AIBRIX_KV_CACHE_OL_L1_CACHE_CAPACITY_GB="0.05",  # the default 10 GB does not fit here
+        ),
     )
     replicas = Replicas(a, b)
     for name in ("p0", "p1", "p2"):
@@ -114,14 +129,16 @@ def test_replicas_open_one_store_with_one_identity(replicas, url):
 
 def test_replica_reuses_what_the_other_computed(replicas):
     b = replicas.b
+    assert b.env["AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED"] == "1"
     before = b.metrics()
     hits_before = _hits(b)
     reload = b.complete(PROMPTS["p0"])
     assert b.reuse(reload) >= MIN_REUSE, f"B reused {b.reuse(reload)} of p0's {FULL_REUSE} tokens"
     assert b.reuse(reload) == FULL_REUSE
     assert_same_output(reload, replicas.computed["p0"], "B's reload of A's p0")
-    # read from the shared store by B's own worker, and counted on B's /metrics
-    assert _hits(b) - hits_before == BLOCKS
+    # B's L1 is on but empty: every block was read from the shared store by
+    # B's own worker, and counted on B's /metrics
+    assert _hits(b) - hits_before == BLOCKS, "B's reload did not read p0's blocks from our L2"
     after = b.metrics()
     for name in ("aibrix_eic_requests_total", "aibrix_eic_blocks_total"):
         moved = _series(after, name, op="get", outcome="hit") - _series(before, name, op="get", outcome="hit")
@@ -132,6 +149,11 @@ def test_reuse_goes_both_ways(replicas):
     a, b = replicas.a, replicas.b
     first = b.complete(PROMPTS["p3"])
     assert b.sent(first) == FULL_REUSE and b.reuse(first) == 0
+    # HOT ingestion: p3 reaches L2 when B reads it from its L1
+    hits_before = _hits(b)
+    again = b.complete(PROMPTS["p3"])
+    assert b.reuse(again) == FULL_REUSE
+    assert _hits(b) == hits_before, "B read p3 from L2, not from its L1"
     b.flushed_stats()
     reload = a.complete(PROMPTS["p3"])
     assert a.reuse(reload) == FULL_REUSE
@@ -159,24 +181,16 @@ def test_vllm_metrics_shows_our_series(replicas):
     assert _series(samples, "aibrix_eic_breaker_open") == 0
 
 
-# ------------------------------------------------------------ 2: restart, L1
+# ------------------------------------------------------------ 2: restart, another mount
 
 
 @pytest.fixture(scope="module")
-def restarted(replicas, model_dir, workdir, url) -> tuple[Server, Server]:
+def restarted(replicas, model_dir, second_mount, workdir, url) -> tuple[Server, Server]:
     """Stage 2: A and B stop first, so every process that had the store open
     has exited; the data must come from the store's directory."""
     return _stage(
         _spec("cross-a-restarted", model_dir, workdir, url, hash_seed=3),
-        _spec(
-            "cross-l1",
-            model_dir,
-            workdir,
-            url,
-            hash_seed=4,
-            AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED="1",  # AIBrix's default; ingestion stays its default too
-            AIBRIX_KV_CACHE_OL_L1_CACHE_CAPACITY_GB="0.05",  # the default 10 GB does not fit here
-        ),
+        _spec("cross-other-mount", second_mount, workdir, url, hash_seed=4),  # no model_id
     )
 
 
@@ -188,29 +202,33 @@ def test_a_restart_reuses_what_the_stopped_servers_stored(replicas, restarted):
     assert_same_output(reload, replicas.computed["p1"], "restart's reload of p1")
 
 
-def test_with_l1_on_a_replica_reloads_from_l2(replicas, restarted):
+def test_another_mount_path_without_model_id_shares_nothing(replicas, restarted, second_mount):
     _, server = restarted
-    hits_before = _hits(server)
-    reload = server.complete(PROMPTS["p2"])  # its L1 is empty: only L2 has p2
-    assert server.reuse(reload) == FULL_REUSE
-    assert _hits(server) - hits_before == BLOCKS, "the reload did not read p2's blocks from our L2"
-    assert_same_output(reload, replicas.computed["p2"], "L1-on replica's reload of p2")
+    assert identity_token(server) != identity_token(replicas.a)
+    assert f'model="{second_mount}"' in server.log(), "vLLM resolved the second mount to the first path"
+    first = server.complete(PROMPTS["p0"])
+    assert server.reuse(first) == 0, "a server at another weights path without model_id reused A's p0"
+    assert_same_output(first, replicas.computed["p0"], "same weights, computed")
 
 
-# ------------------------------------------------------------ 3: isolation
+# ------------------------------------------------------------ 3: another model
 
 
 @pytest.fixture(scope="module")
-def strangers(replicas, model_dir, alt_model_dir, second_mount, workdir, url) -> tuple[Server, Server]:
-    """Stage 3: servers whose KV must not be A's, on A's store."""
-    return _stage(
-        _spec("cross-other-model", alt_model_dir, workdir, url, hash_seed=5),
-        _spec("cross-other-mount", second_mount, workdir, url, hash_seed=6),  # no model_id
-    )
+def stranger(replicas, model_dir, alt_model_dir, workdir, url, request) -> Server:
+    """Stage 3: a server whose KV must not be A's, on A's store. The suite's
+    baseline (a session fixture) starts beside it, on the core it leaves."""
+    _stop_stage()
+    server = start_server(wait=False, **_spec("cross-other-model", alt_model_dir, workdir, url, hash_seed=5))
+    _live.append(server)
+    request.getfixturevalue("baseline")
+    server.wait_ready()
+    server.warm_up()
+    return server
 
 
-def test_another_model_reuses_nothing_and_computes(replicas, strangers):
-    server, _ = strangers
+def test_another_model_reuses_nothing_and_computes(replicas, stranger):
+    server = stranger
     assert identity_token(server) != identity_token(replicas.a)
     first = server.complete(PROMPTS["p0"])
     assert server.reuse(first) == 0, "another model reused p0's KV from A"
@@ -221,12 +239,3 @@ def test_another_model_reuses_nothing_and_computes(replicas, strangers):
     again = server.complete(PROMPTS["p0"])
     assert server.reuse(again) == FULL_REUSE
     assert_same_output(again, first, "other model's reload of its own p0")
-
-
-def test_another_mount_path_without_model_id_shares_nothing(replicas, strangers, second_mount):
-    _, server = strangers
-    assert identity_token(server) != identity_token(replicas.a)
-    assert f'model="{second_mount}"' in server.log(), "vLLM resolved the second mount to the first path"
-    first = server.complete(PROMPTS["p0"])
-    assert server.reuse(first) == 0, "a server at another weights path without model_id reused A's p0"
-    assert_same_output(first, replicas.computed["p0"], "same weights, computed")

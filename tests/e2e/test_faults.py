@@ -16,8 +16,9 @@ from conftest import (
     PROMPTS,
     VLLM_PREFIX,
     assert_same_output,
+    claim_server,
     open_line,
-    start_server,
+    queue_server,
     stop_server,
     write_config,
 )
@@ -27,8 +28,7 @@ REMOTE_URL = "local://faults?seed=7"
 FLAKY = "fail_rate=0.2&key_fail_rate=0.1&latency=2ms&seed=7"
 
 
-@pytest.fixture(scope="module")
-def server(model_dir, workdir, baseline):
+def _spec(model_dir, workdir) -> dict:
     config = write_config(workdir, "faults", f"remote_url: {REMOTE_URL}\nprobe_interval_s: 0.5\n")
     env = {
         "AIBRIX_KV_CACHE_OL_EIC_CONFIG": str(config),
@@ -36,7 +36,15 @@ def server(model_dir, workdir, baseline):
         # unreachable before the connector opens; a probe command lifts it
         "E2E_PROBE_AT_START": '{"store": "faults", "params": "unreachable=true"}',
     }
-    server = start_server("faults", model_dir, workdir, env=env)
+    return dict(name="faults", model_dir=model_dir, workdir=workdir, env=env)
+
+
+queue_server(__file__, "faults", _spec)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, workdir, baseline):
+    server = claim_server("faults", model_dir, workdir)
     yield server
     stop_server(server)
 

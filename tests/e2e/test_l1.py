@@ -9,15 +9,23 @@ prompts evicted it from L1 must come from our L2.
 import time
 
 import pytest
-from conftest import FULL_REUSE, PROMPTS, assert_same_output, open_line, start_server, stop_server, write_config
+from conftest import (
+    FULL_REUSE,
+    PROMPTS,
+    assert_same_output,
+    claim_server,
+    open_line,
+    queue_server,
+    stop_server,
+    write_config,
+)
 from server import ENGINE_BLOCK, ServerError
 
 REMOTE_URL = "local://l1on?seed=2"
 BLOCKS = FULL_REUSE // ENGINE_BLOCK
 
 
-@pytest.fixture(scope="module")
-def server(model_dir, workdir, baseline):
+def _spec(model_dir, workdir) -> dict:
     config = write_config(workdir, "l1on", f"remote_url: {REMOTE_URL}\n")
     env = {
         "AIBRIX_KV_CACHE_OL_EIC_CONFIG": str(config),
@@ -26,7 +34,15 @@ def server(model_dir, workdir, baseline):
         "AIBRIX_KV_CACHE_OL_L1_CACHE_CAPACITY_GB": "0.002",  # ~2 MiB; a prompt's KV is ~1 MiB
         "AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_TYPE": "ALL",
     }
-    server = start_server("l1on", model_dir, workdir, env=env)
+    return dict(name="l1on", model_dir=model_dir, workdir=workdir, env=env)
+
+
+queue_server(__file__, "l1on", _spec)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, workdir, baseline):
+    server = claim_server("l1on", model_dir, workdir)
     yield server
     stop_server(server)
 

@@ -14,8 +14,9 @@ from conftest import (
     PROMPTS,
     VLLM_PREFIX,
     assert_same_output,
+    claim_server,
     open_line,
-    start_server,
+    queue_server,
     stop_server,
     write_config,
 )
@@ -24,10 +25,17 @@ from server import ENGINE_BLOCK
 REMOTE_URL = "local://l1off?seed=1"
 
 
+def _spec(model_dir, workdir) -> dict:
+    config = write_config(workdir, "l1off", f"remote_url: {REMOTE_URL}\n")
+    return dict(name="l1off", model_dir=model_dir, workdir=workdir, env={"AIBRIX_KV_CACHE_OL_EIC_CONFIG": str(config)})
+
+
+queue_server(__file__, "l1off", _spec)
+
+
 @pytest.fixture(scope="module")
 def server(model_dir, workdir, baseline):
-    config = write_config(workdir, "l1off", f"remote_url: {REMOTE_URL}\n")
-    server = start_server("l1off", model_dir, workdir, env={"AIBRIX_KV_CACHE_OL_EIC_CONFIG": str(config)})
+    server = claim_server("l1off", model_dir, workdir)
     yield server
     stop_server(server)
 

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -38,23 +39,28 @@ def _create_eic(env: dict[str, str]) -> str:
 
 OURS = "CREATED aibrix_eic.connector.EICConnector"
 NOT_OURS_PLUGINS = {"VLLM_PLUGINS": "lora_filesystem_resolver"}
+ROUTES = {  # route: (environment, what AIBrix's Connector.create gives)
+    "pth hook alone": (NOT_OURS_PLUGINS, OURS),
+    "entry point alone": ({"AIBRIX_EIC_DISABLE_AUTOLOAD": "1"}, OURS),
+    # AIBrix falls back to its own EIC connector, which needs the vendor SDK
+    "both disabled": (
+        {"AIBRIX_EIC_DISABLE_AUTOLOAD": "1", **NOT_OURS_PLUGINS},
+        "FAILED ModuleNotFoundError: No module named 'eic'",
+    ),
+}
 
 
-@pytest.mark.parametrize(
-    "route, env, expected",
-    [
-        ("pth hook alone", NOT_OURS_PLUGINS, OURS),
-        ("entry point alone", {"AIBRIX_EIC_DISABLE_AUTOLOAD": "1"}, OURS),
-        # AIBrix falls back to its own EIC connector, which needs the vendor SDK
-        (
-            "both disabled",
-            {"AIBRIX_EIC_DISABLE_AUTOLOAD": "1", **NOT_OURS_PLUGINS},
-            "FAILED ModuleNotFoundError: No module named 'eic'",
-        ),
-    ],
-)
-def test_install_routes(route, env, expected):
-    assert _create_eic(env) == expected, route
+@pytest.fixture(scope="module")
+def created() -> dict[str, str]:
+    """Each route's result; the processes run side by side (each is mostly
+    one core importing vLLM)."""
+    with ThreadPoolExecutor(len(ROUTES)) as pool:
+        return dict(zip(ROUTES, pool.map(_create_eic, (env for env, _ in ROUTES.values()))))
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_install_routes(route, created):
+    assert created[route] == ROUTES[route][1], route
 
 
 def test_yaml_typo_stops_the_worker_at_start(typo_server):

@@ -12,8 +12,10 @@ from conftest import (
     FULL_REUSE,
     PROMPTS,
     assert_same_output,
+    claim_server,
     identity_token,
     open_line,
+    queue_server,
     shared_store_url,
     start_server,
     stop_server,
@@ -31,25 +33,23 @@ def url(workdir) -> str:
     return shared_store_url(workdir, STORE)
 
 
-def _start_tp2(name, model_dir, workdir, url, hash_seed: int):
-    config = write_config(workdir, name, f"remote_url: {url}\nmodel_id: {MODEL_ID}\n")
-    return start_server(
-        name,
-        model_dir,
-        workdir,
-        env={
-            "AIBRIX_KV_CACHE_OL_EIC_CONFIG": str(config),
-            # one core per rank: vLLM's automatic binding wants a NUMA node per rank
-            "VLLM_CPU_OMP_THREADS_BIND": "0|1",
-            "PYTHONHASHSEED": str(hash_seed),
-        },
-        args=["--tensor-parallel-size", "2"],
-    )
+def _spec(name, model_dir, workdir, hash_seed: int) -> dict:
+    config = write_config(workdir, name, f"remote_url: {shared_store_url(workdir, STORE)}\nmodel_id: {MODEL_ID}\n")
+    env = {
+        "AIBRIX_KV_CACHE_OL_EIC_CONFIG": str(config),
+        # one core per rank: vLLM's automatic binding wants a NUMA node per rank
+        "VLLM_CPU_OMP_THREADS_BIND": "0|1",
+        "PYTHONHASHSEED": str(hash_seed),
+    }
+    return dict(name=name, model_dir=model_dir, workdir=workdir, env=env, args=["--tensor-parallel-size", "2"])
+
+
+queue_server(__file__, "tp2", lambda model_dir, workdir: _spec("tp2", model_dir, workdir, hash_seed=1))
 
 
 @pytest.fixture(scope="module")
-def server(model_dir, workdir, url, baseline):
-    server = _start_tp2("tp2", model_dir, workdir, url, hash_seed=1)
+def server(model_dir, workdir, baseline):
+    server = claim_server("tp2", model_dir, workdir)
     yield server
     stop_server(server)
 
@@ -87,7 +87,7 @@ def test_a_replica_at_another_mount_reuses_each_ranks_share(server, model_dir, s
     first_identity = identity_token(server, processes=2)
     server.flushed_stats()
     stop_server(server)  # two TP=2 servers do not fit this machine at once
-    replica = _start_tp2("tp2-replica", second_mount, workdir, url, hash_seed=2)
+    replica = start_server(**_spec("tp2-replica", second_mount, workdir, hash_seed=2))
     try:
         assert f'model="{second_mount}"' not in replica.log(), "model_id should replace the weights path"
         assert identity_token(replica, processes=2) == first_identity
