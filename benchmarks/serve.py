@@ -38,10 +38,12 @@ milliseconds; default TTFT 2000, TPOT 1000).
 Per phase and pass: request and token throughput, TTFT mean/p50/p90/p99,
 TPOT p50/p99, goodput, failed requests, peak RSS of the server's process
 tree (sampled every 0.5 s), tokens reused (AIBrix's "reused N tokens" log
-lines; vLLM's prefix-cache hits for vllm-prefix), blocks our connector
+lines; vLLM's prefix-cache hits for vllm-prefix; also as a share of the
+prompts' full blocks, all that Type1 offloads), blocks our connector
 served (aibrix_eic_blocks_total get hits) and blocks the engine served (its
 own counters, both connectors), and wall time; then same-run ratios of
-pass-2 TTFT p50. Not in CI: the full run takes about 25 min per run.
+pass-2 TTFT p50. Not in CI: a full run should take about 30 min on a quiet
+machine (docs/performance.md).
 
     make e2e-setup && .venv-e2e/bin/python benchmarks/serve.py \\
         [--phases plain,eic,...] [--prompts 16 --prompt-len 2000] [--runs 3] [--json out.json]
@@ -61,7 +63,7 @@ sys.path.insert(0, str(REPO / "tests" / "e2e"))
 
 import model  # noqa: E402
 from e2e_ttft import aibrix_reused_tokens, asdict_spec, prefix_cache_counters, stream_request, versions  # noqa: E402
-from server import MODEL_NAME, Server, metric_value  # noqa: E402
+from server import ENGINE_BLOCK, MODEL_NAME, Server, metric_value  # noqa: E402
 
 PHASES = ("plain", "eic", "eic-default", "eic-evicted", "upstream", "vllm-prefix")
 PASSES = ("pass1", "pass2")
@@ -177,8 +179,8 @@ class PeakRss:
 
 
 # ------------------------------------------------------------ the client
-def bench_args(server: Server, model_dir: Path, args: argparse.Namespace) -> argparse.Namespace:
-    """vLLM's serving-benchmark arguments for one pass against `server`."""
+def bench_args(base_url: str, model_dir: Path, args: argparse.Namespace) -> argparse.Namespace:
+    """vLLM's serving-benchmark arguments for one pass against the server at `base_url`."""
     from vllm.benchmarks.serve import add_cli_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -186,7 +188,7 @@ def bench_args(server: Server, model_dir: Path, args: argparse.Namespace) -> arg
     add_cli_args(parser)
     argv = [
         "--backend", "vllm",
-        "--base-url", server.url,
+        "--base-url", base_url,
         "--endpoint", "/v1/completions",
         "--model", MODEL_NAME,
         "--served-model-name", MODEL_NAME,
@@ -217,9 +219,7 @@ def check_same_prompts(model_dir: Path, args: argparse.Namespace) -> None:
     from vllm.benchmarks.datasets import get_samples
     from vllm.tokenizers import get_tokenizer
 
-    dummy = Server.__new__(Server)
-    dummy.url = "http://127.0.0.1:1"
-    namespace = bench_args(dummy, model_dir, args)
+    namespace = bench_args("http://127.0.0.1:1", model_dir, args)  # no request is sent
     tokenizer = get_tokenizer(str(model_dir))
     first, second = ([s.prompt for s in get_samples(namespace, tokenizer)] for _ in range(2))
     if first != second:
@@ -235,7 +235,7 @@ def run_pass(server: Server, model_dir: Path, args: argparse.Namespace) -> dict:
     prefix_before = prefix_cache_counters(server)
     started = time.perf_counter()
     with PeakRss(server.proc.pid) as rss:
-        result = vllm_bench_main(bench_args(server, model_dir, args))
+        result = vllm_bench_main(bench_args(server.url, model_dir, args))
     wall = time.perf_counter() - started
     prefix_hits = prefix_cache_counters(server)[1] - prefix_before[1]
     out = {key: result.get(key) for key in RESULT_KEYS}
@@ -251,7 +251,9 @@ def run_pass(server: Server, model_dir: Path, args: argparse.Namespace) -> dict:
         }
     )
     out["reused_tokens"] = max(out["aibrix_reused_tokens"], out["vllm_prefix_hit_tokens"])
-    out["reused_fraction"] = out["reused_tokens"] / max(1, out["total_input_tokens"] or 0)
+    # Type1 offloads whole blocks of the prompt minus its last token: the most a pass can reuse
+    out["reusable_tokens"] = sum((n - 1) // ENGINE_BLOCK * ENGINE_BLOCK for n in result.get("input_lens", []) if n)
+    out["reused_fraction"] = out["reused_tokens"] / max(1, out["reusable_tokens"])
     return out
 
 
@@ -358,7 +360,7 @@ def table_row(phase: str, pass_no: str, r: dict) -> str:
 def table(run: dict) -> str:
     lines = [
         "| phase | pass | req/s | out tok/s | total tok/s | TTFT mean (s) | p50 | p90 | p99 "
-        "| TPOT p50 (ms) | p99 | goodput (req/s) | failed | peak RSS (GiB) | reused | our get hits | engine hits "
+        "| TPOT p50 (ms) | p99 | goodput (req/s) | failed | peak RSS (GiB) | reused (of full blocks) | our get hits | engine hits "
         "| wall (s) |",
         "| --- " * 18 + "|",
     ]
