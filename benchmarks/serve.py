@@ -59,7 +59,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "e2e"))
+sys.path[:0] = [str(REPO / "benchmarks"), str(REPO / "tests" / "e2e")]
 
 import model  # noqa: E402
 from e2e_ttft import aibrix_reused_tokens, asdict_spec, prefix_cache_counters, stream_request, versions  # noqa: E402
