@@ -26,10 +26,10 @@ to the same server: pass 1 computes (and offloads), pass 2 can reuse. vLLM's
 random dataset draws from its own generator seeded with --seed, so both
 passes send the same prompts (checked before the first server starts).
 
-This is the shape of the upstream EIC PR's benchmark
-(https://github.com/vllm-project/aibrix/pull/1718: vLLM's serving benchmark,
-random dataset, long prompts, rate- and concurrency-limited, ignore-eos)
-scaled to a 2-core CPU: a 136 M-parameter fp32 model instead of a 70B one,
+This keeps the shape of the upstream EIC PR's benchmark
+(https://github.com/vllm-project/aibrix/pull/1718: vLLM's serving benchmark
+with long random prompts; its exact flag values were not retrievable) scaled
+to a 2-core CPU: a 136 M-parameter fp32 model instead of a 70B one,
 2,000-token prompts (a computed prefill takes seconds here), 16 prompts,
 24 output tokens, rate 4 and concurrency 4 so requests overlap without a
 queue that would hide TTFT. Goodput thresholds: --goodput (vLLM's syntax,
