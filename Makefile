@@ -19,7 +19,7 @@ E2E_PY := $(E2E_VENV)/bin/python
 E2E_PIP := $(E2E_PY) -m pip install --disable-pip-version-check -qq
 E2E_REQS := tests/e2e/requirements.txt tests/e2e/requirements-nodeps.txt
 
-.PHONY: setup test lint fmt bench check clean e2e-setup e2e e2e-bench aibrix-suites
+.PHONY: setup test lint fmt bench check clean e2e-setup e2e e2e-bench serve-bench aibrix-suites
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -76,6 +76,11 @@ e2e: e2e-setup
 # TTFT in a real server (docs/performance.md); not run by CI, about 6 min.
 e2e-bench: e2e-setup
 	$(E2E_PY) benchmarks/e2e_ttft.py $(BENCH_ARGS)
+
+# vLLM's serving benchmark against six servers (docs/performance.md); not run
+# by CI, about 30 min per run on a quiet 2-core machine.
+serve-bench: e2e-setup
+	$(E2E_PY) benchmarks/serve.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(E2E_VENV) .pytest_cache .hypothesis build/e2e

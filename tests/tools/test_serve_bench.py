@@ -1,0 +1,92 @@
+"""benchmarks/serve.py without vLLM: the `upstream` phase's environment leaves
+AIBrix its own EIC connector, with our engine as `eic`; the same-run ratios and table
+cope with the phases a short run leaves out."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def serve():
+    """The script as a module; the e2e helpers it puts on sys.path (generic
+    names: model, server) are taken off again."""
+    saved_path, saved_modules = list(sys.path), set(sys.modules)
+    spec = importlib.util.spec_from_file_location("serve_bench", REPO / "benchmarks" / "serve.py")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = saved_path
+        for name in ("model", "server", "e2e_ttft"):
+            if name not in saved_modules:
+                sys.modules.pop(name, None)
+    return module
+
+
+# Whether our shim answers AIBrix's `from .eic import EICConnector` (when it
+# does not, AIBrix's own module loads), and what `import eic` gives. Not
+# importing aibrix_kvcache keeps each interpreter under a second; the shim's
+# effect on AIBrix's factory is tools/test_factory.py's.
+WHICH = "import eic; print(eic.__name__); import aibrix_eic.plugin as p; print(p.is_installed())"
+
+
+def _interpreter(env_update: dict[str, str], tmp_path: Path) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIBRIX_", "VLLM_"))}
+    env.update(env_update)
+    env["AIBRIX_KV_CACHE_OL_L2_CACHE_BACKEND"] = "EIC"
+    done = subprocess.run(
+        [sys.executable, "-c", WHICH], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+def test_upstream_phase_switches_our_shim_off_and_binds_the_engine_as_eic(serve, tmp_path):
+    env = serve.upstream_env(tmp_path, "local://serve-upstream?capacity=1GiB")
+    assert _interpreter(env, tmp_path) == ["aibrix_eic.engine", "False"]
+    config = serve.json.loads(Path(env["AIBRIX_KV_CACHE_OL_EIC_CONFIG_FILE"]).read_text())
+    assert {"eic_log_dir", "eic_log_level", "eic_trans_type"} <= set(config)
+    assert config["remote_url"] == "eic://serve-upstream?capacity=1GiB"
+
+
+def test_without_the_opt_out_our_shim_answers(serve, tmp_path):
+    """The control: the same interpreter with our .pth hook on routes EIC to us."""
+    env = serve.upstream_env(tmp_path, "local://serve-upstream")
+    del env["AIBRIX_EIC_DISABLE_AUTOLOAD"]
+    assert _interpreter(env, tmp_path) == ["aibrix_eic.engine", "True"]
+
+
+def _pass(ttft_p50_ms: float) -> dict:
+    keys = dict.fromkeys(("request_throughput", "output_throughput", "total_token_throughput", "request_goodput"), 1.0)
+    keys |= dict.fromkeys(("mean_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms"), 1.0)
+    return keys | {
+        "p50_ttft_ms": ttft_p50_ms,
+        "failed": 0,
+        "peak_rss_gib": 5.0,
+        "reused_tokens": 0,
+        "reused_fraction": 0.0,
+        "eic_get_hit_blocks": None,
+        "engine_hit_blocks": None,
+        "wall_s": 1.0,
+    }
+
+
+def test_ratios_use_pass_two_and_skip_phases_not_run(serve):
+    results = {
+        "eic": {"pass1": _pass(9000), "pass2": _pass(300), "wall_s": 1.0},
+        "eic-default": {"pass1": _pass(9000), "pass2": _pass(900), "wall_s": 1.0},
+        "vllm-prefix": {"pass1": _pass(9000), "pass2": _pass(200), "wall_s": 1.0},
+    }
+    ratios = serve.ratios(results)
+    assert ratios == pytest.approx(
+        {"eic_over_vllm_prefix": 1.5, "eic_default_over_vllm_prefix": 4.5, "l1_on_over_l1_off": 3.0}
+    )
+    table = serve.table({"results": results, "ratios": ratios})
+    assert table.count("\n| eic") == 4 and "l1_on_over_l1_off: 3.00x" in table
