@@ -19,6 +19,11 @@ server at a time, so none steals another's cores. Phases:
 - `upstream`: AIBrix's own EIC connector, L1 off, with our engine bound as
   its `eic` module (our shim and vLLM plugin switched off in the server).
 - `vllm-prefix`: no connector, vLLM's prefix caching on: the ceiling.
+- controls of the L1-on cost (not in the default --phases): `l1-only`,
+  AIBrix's connector with L1 as in `eic-default` and no L2 at all; and
+  `mock-default`, the same with AIBrix's own in-memory MOCK L2 backend
+  (mput/mget) instead of ours: what AIBrix's L1 path and its per-block L2
+  puts cost with a backend that does no I/O.
 
 Workload (the defaults): 16 random prompts of 2,000 tokens, 24 output
 tokens, request rate 4/s (Poisson), at most 4 in flight, seed 0, sent twice
@@ -66,6 +71,7 @@ from e2e_ttft import aibrix_reused_tokens, asdict_spec, prefix_cache_counters, s
 from server import ENGINE_BLOCK, MODEL_NAME, Server, metric_value  # noqa: E402
 
 PHASES = ("plain", "eic", "eic-default", "eic-evicted", "upstream", "vllm-prefix")
+CONTROLS = ("l1-only", "mock-default")  # run only when named in --phases
 PASSES = ("pass1", "pass2")
 DEFAULT_GOODPUT = ["ttft:2000", "tpot:1000"]
 
@@ -81,6 +87,16 @@ def phase_server(name: str, model_dir: Path, workdir: Path, args: argparse.Names
     phase_dir = workdir / name
     phase_dir.mkdir(parents=True, exist_ok=True)
     store = f"local://serve-{name}?capacity=8GiB"
+    if name in CONTROLS:
+        env.update(
+            {
+                "AIBRIX_KV_CACHE_OL_L2_CACHE_BACKEND": "" if name == "l1-only" else "MOCK",
+                "AIBRIX_KV_CACHE_OL_MOCK_USE_MPUT_MGET": "1",
+                "AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED": "1",
+                "AIBRIX_KV_CACHE_OL_L1_CACHE_CAPACITY_GB": str(args.l1_gb),
+            }
+        )
+        return Server(name, model_dir, workdir, connector=True, env=env)
     if name == "upstream":
         env.update(upstream_env(phase_dir, store))
     else:
@@ -327,6 +343,8 @@ def ratios(results: dict) -> dict:
         "eic_evicted_over_vllm_prefix": ("eic-evicted", "vllm-prefix"),
         "upstream_over_vllm_prefix": ("upstream", "vllm-prefix"),
         "l1_on_over_l1_off": ("eic-default", "eic"),
+        "l1_on_over_mock_floor": ("eic-default", "mock-default"),
+        "mock_floor_over_l1_only": ("mock-default", "l1-only"),
         "evicted_over_l1_off": ("eic-evicted", "eic"),
         "upstream_over_eic": ("upstream", "eic"),
         "plain_over_eic": ("plain", "eic"),
@@ -374,7 +392,9 @@ def table(run: dict) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, of {', '.join(PHASES)}")
+    parser.add_argument(
+        "--phases", default=",".join(PHASES), help=f"comma-separated, of {', '.join(PHASES + CONTROLS)}"
+    )
     parser.add_argument("--model", default="mid", choices=sorted(model.SPECS))
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--prompt-len", type=int, default=2000)
@@ -389,9 +409,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", default=str(REPO / "bench-out" / "serve.json"))
     args = parser.parse_args(argv)
     args.phases = [p.strip() for p in args.phases.split(",") if p.strip()]
-    unknown = sorted(set(args.phases) - set(PHASES))
+    unknown = sorted(set(args.phases) - set(PHASES + CONTROLS))
     if unknown:
-        parser.error(f"unknown phases {unknown}; known: {', '.join(PHASES)}")
+        parser.error(f"unknown phases {unknown}; known: {', '.join(PHASES + CONTROLS)}")
     return args
 
 
