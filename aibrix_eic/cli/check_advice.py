@@ -37,3 +37,30 @@ def what_to_fix(message: str, config: EICConfig | None) -> str:
             return "the embedded engine injects failures (fail_rate/key_fail_rate in remote_url); remove them"
         return "EIC answers but fails the calls: see the SDK logs in eic_log_dir and the cluster's health"
     return ""
+
+
+# AIBrix's names for the settings the ingestion step reads.
+L1_ENABLED = "AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED"
+INGESTION_TYPE = "AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_TYPE"
+MAX_INFLIGHT_TOKENS = "AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_MAX_INFLIGHT_TOKENS"
+
+
+def ingestion_advice() -> str:
+    """What to change when AIBrix, as configured in this environment, would
+    write L2 synchronously behind L1: each block L1 ingests is then one
+    round trip to AIBrix's event loop inside the engine's put or acquire
+    (with HOT, the default, inside the reload). Empty when it would not."""
+    from aibrix_kvcache import envs
+
+    if (
+        not envs.AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED
+        or envs.AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_MAX_INFLIGHT_TOKENS > 0
+    ):
+        return ""
+    return (
+        f"{L1_ENABLED} is on and {MAX_INFLIGHT_TOKENS}=0: AIBrix writes each block L1 ingests "
+        f"({INGESTION_TYPE}={envs.AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_TYPE}) to L2 synchronously, one "
+        "event-loop round trip per block inside the request (docs/performance.md, L1-on); set "
+        f"{MAX_INFLIGHT_TOKENS} to at least 2x vLLM's max_num_batched_tokens (it costs that many tokens of "
+        "host memory) for asynchronous ingestion, or turn L1 off"
+    )
