@@ -5,7 +5,7 @@ L2Cache does (`Connector.create` with backend "EIC"), opens it, registers a
 buffer, and round-trips one block: put, exists, get (bytes compared), delete,
 exists again (now a miss). Then it checks that another namespace cannot see
 the block and that the TTL behaves, and warns when AIBrix's L1 ingestion, as
-the environment sets it, writes L2 synchronously. Each step prints its latency and a
+the environment sets it, waits for EIC inside the request. Each step prints its latency and a
 verdict, and a failure says what to fix. Exit status: 0 when every step
 passed, 1 otherwise.
 """
