@@ -12,8 +12,9 @@ Two parts:
   its thread. So a burst of puts costs no thread hand-off per round, which
   on a busy host is most of what a round costs the caller. Between rounds a
   drain gives its thread up to queued gets and probes (they run first).
-- the put that queues work when no drain runs starts one itself (no
-  wake-up of another thread to do it); the watcher thread
+- the put that queues work when no drain runs submits one to the pool
+  itself (one thread woken, not the watcher and then a pool thread); the
+  watcher thread
   (`aibrix_eic_flusher`) starts one for work a drain left (keys in flight),
   re-deletes lost keys, drops writes older than write_behind_max_age_ms, drops
   everything queued while the circuit is open, and gives up on a drain whose
