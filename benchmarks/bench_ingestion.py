@@ -1,27 +1,35 @@
 """L2 ingestion with L1 on, AIBrix's default configuration, through the real
-BaseKVCacheManager: ours with write-behind (the default), ours with direct
-puts (the put path before write-behind), and aibrix-kvcache's own
-EICConnector, in one run.
+BaseKVCacheManager, with its controls in one run:
+
+- l1only: L1 alone, no L2 backend (what the manager costs without L2);
+- mock: L1 + AIBrix's own in-memory MOCK backend with mput/mget (the floor:
+  AIBrix's cost of handing blocks to any L2 connector, plus one copy each);
+- write_behind (ours, the default), direct (ours, one SDK call per put);
+- upstream (aibrix-kvcache's own EICConnector) and noop (a connector that
+  answers at once) on request (--who).
 
     python benchmarks/bench_ingestion.py [--repeats 5] [--json out.json]
+        [--who ...] [--ingestion HOT ALL] [--modes sync async] [--rtt 0 1]
 
-With L1 on, L2 gets one block per L2Cache.put from L1's ingestion callback.
-Scenarios (64 blocks unless said otherwise; engine latency per SDK call):
-- sync: ingestion ALL, MAX_INFLIGHT_TOKENS=0 (synchronous L2 writes): how
-  long put() takes, and when every block is in the engine store, from the
-  start of the put; then every block is read back from L2 and compared.
-- async: ingestion ALL, MAX_INFLIGHT_TOKENS=65536: when every block is in
-  the store, from the start of the put.
-- reload: the blocks dropped from L1 (L1Cache.delete), then acquire(), which
-  reads them from L2 (EIC by then: the writes have finished).
+With L1 on, L2 gets one block per L2Cache.put from L1's ingestion callback:
+with ALL inside put() (every block L1 takes), with HOT inside acquire() (a
+block's first L1 hit). Scenarios (64 KiB blocks unless said otherwise; engine
+latency per SDK call):
+- write: 64 blocks put() into L1, then acquire()d once (the L1 hit of a
+  reload; with HOT this is when they are written to L2), sync
+  (MAX_INFLIGHT_TOKENS=0) or async (65536); "write path" is put() plus
+  acquire(), "in L2" the time from the put until every block is in the
+  backend's store, "cpu" the process's CPU time (every thread) over that
+  span: on a shared host the least noisy measure of the work. Then every
+  block is dropped from L1 and read back from L2 and compared, and "reload"
+  times one acquire() after L1 dropped them.
 - step: a 4096-token prompt as vLLM's Type1 connector handles it with the
-  default ingestion (HOT): one put per 512-token chunk, then the same prompt
-  again, one acquire per chunk (a hit on L1 makes the block hot, which is
-  when HOT ingestion writes it to L2). The time of both passes, less the
-  time with a connector that answers at once, is the added time per request.
+  default ingestion (HOT, sync): one put per 512-token chunk, then the same
+  prompt again, one acquire per chunk.
 
-Every connector gets its own engine store per run, so "in the store" counts
-only its blocks. Results: docs/performance.md.
+Ratios are against the floor (mock) of the same run. Every connector gets its
+own engine store per run, so "in the store" counts only its blocks.
+Results: docs/performance.md.
 """
 
 import argparse
@@ -52,7 +60,13 @@ from compare_connectors import NoopConnector, eic_backend_is, write_empty_flag_f
 cache_manager.TESTING_DISABLE_PIN_MEMORY = True  # CPU-only torch
 aibrix_eic.install()
 BLOCK_NTOKENS = 16
-CONNECTORS = ("write_behind", "direct", "upstream")
+NBLOCKS = 64
+POLL_S = 250e-6
+FLOOR = "mock"
+OURS = ("write_behind", "direct")
+WHO = ("l1only", FLOOR, *OURS, "upstream", "noop")
+DEFAULT_WHO = ("l1only", FLOOR, *OURS)
+MODES = {"sync": 0, "async": 65536}
 BLOCKS = {"64KiB": (8, 1), "2MiB": (32, 8)}  # (layers, heads) with head size 128, bf16
 AIBRIX_ENV = (
     "AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED",
@@ -60,13 +74,12 @@ AIBRIX_ENV = (
     "AIBRIX_KV_CACHE_OL_L2_CACHE_BACKEND",
     "AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_TYPE",
     "AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_MAX_INFLIGHT_TOKENS",
+    "AIBRIX_KV_CACHE_OL_MOCK_USE_MPUT_MGET",
 )
 
 
 class CountingNoop(NoopConnector):
-    """Answers at once and counts the blocks it was handed: the floor that
-    AIBrix's own per-block cost sets (put() returning; every block reaching
-    the connector)."""
+    """Answers at once and counts the blocks it was handed."""
 
     blocks = 0
 
@@ -75,9 +88,14 @@ class CountingNoop(NoopConnector):
         return await super().mput(keys, mrs)
 
 
-class _Counted:
+class _Sized:
+    """len() of a backend's store that is not an engine store."""
+
+    def __init__(self, size) -> None:
+        self.size = size
+
     def __len__(self) -> int:
-        return CountingNoop.blocks
+        return self.size()
 
 
 def spec_of(block: str) -> KVCacheBlockSpec:
@@ -110,6 +128,7 @@ class Runs:
             "AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_TYPE": ingestion,
             "AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_MAX_INFLIGHT_TOKENS": str(inflight),
         }
+        backend = contextlib.nullcontext()
         if who == "upstream":
             config = {
                 "remote_url": f"eic://{store}?{params}",
@@ -125,9 +144,13 @@ class Runs:
             env[ENV_CONFIG_UPSTREAM] = write_yaml(self.directory, f"{store}.yaml", config)
         elif who == "noop":
             backend = eic_backend_is(CountingNoop)
+        elif who == FLOOR:
+            env["AIBRIX_KV_CACHE_OL_L2_CACHE_BACKEND"] = "MOCK"
+            env["AIBRIX_KV_CACHE_OL_MOCK_USE_MPUT_MGET"] = "1"
+        elif who == "l1only":
+            env["AIBRIX_KV_CACHE_OL_L2_CACHE_BACKEND"] = ""
         else:
-            config = {"remote_url": f"local://{store}?{params}", "put_mode": who, "warmup_keys": 0}
-            backend = contextlib.nullcontext()
+            config = {"remote_url": f"local://{store}?{params}", "put_mode": who, "warmup_keys": 0, "model_id": "bench"}
             env[ENV_CONFIG] = write_yaml(self.directory, f"{store}.yaml", config)
         # AIBRIX_ENV is restored too: env may set some of it for this manager.
         scoped = {name: os.environ.get(name) for name in AIBRIX_ENV} | {ENV_CONFIG: None, ENV_CONFIG_UPSTREAM: None}
@@ -139,12 +162,20 @@ class Runs:
                     multi_threaded=True,
                 )
             )
-        cache.store = _Counted() if who == "noop" else get_store(store)
+        if who == "noop":
+            cache.store = _Sized(lambda: CountingNoop.blocks)
+        elif who == FLOOR:
+            mock = cache._l2_cache._backend
+            cache.store = _Sized(lambda: len(mock.store or ()))
+        elif who == "l1only":
+            cache.store = None
+        else:
+            cache.store = get_store(store)
         try:
             yield cache
         finally:
             cache.close()
-            if who != "noop":  # its bytes (hundreds of MiB with 2 MiB blocks) must not weigh on later runs
+            if who in (*OURS, "upstream"):  # its bytes must not weigh on later runs
                 get_store(store).clear()
 
 
@@ -163,11 +194,13 @@ def fill(cache, query, seed: int):
 
 
 def wait_in_store(store, count: int, timeout_s: float = 30.0) -> float:
+    """When the store holds count blocks; polled every POLL_S, so the
+    polling adds little CPU to what cpu_ms measures."""
     deadline = time.perf_counter() + timeout_s
     while len(store) < count:
         if time.perf_counter() > deadline:
             raise TimeoutError(f"store holds {len(store)} of {count} blocks")
-        time.sleep(50e-6)
+        time.sleep(POLL_S)
     return time.perf_counter()
 
 
@@ -176,6 +209,13 @@ def settle(cache, who: str) -> None:
     cache.flush()
     if who == "write_behind":
         assert cache._l2_cache._backend.write_behind.wait_idle(30)
+
+
+def hit(cache, query) -> None:
+    """One acquire of the blocks L1 holds: their first hit (HOT writes them)."""
+    status = cache.acquire(None, query)
+    assert status.is_ok() and status.get()[0] == len(query), status
+    status.get()[1].release()
 
 
 def readable(cache, query, seed: int) -> float:
@@ -193,46 +233,71 @@ def readable(cache, query, seed: int) -> float:
     return good / (len(query) // BLOCK_NTOKENS)
 
 
-def ingest(runs: Runs, who: str, block: str, latency_ms: float, inflight: int, repeats: int) -> dict:
-    """sync or async ingestion of 64 blocks, then a reload from L2."""
-    puts, in_l2, reloads, readables = [], [], [], []
-    with runs.manager(who, block, latency_ms, "ALL", inflight, max_tokens=2048) as cache:
-        for r in range(repeats + 1):  # the first is a warm-up
-            query = tokens(64, seed=r)
-            handle = fill(cache, query, r)
-            before = len(cache.store)
-            started = time.perf_counter()
-            assert cache.put(None, query, handle).is_ok()
-            returned = time.perf_counter()
-            landed = wait_in_store(cache.store, before + 64)
-            if who == "noop":
-                if r:
-                    puts.append(returned - started)
-                    in_l2.append(landed - started)
-                continue
-            settle(cache, who)
-            share = readable(cache, query, r)
-            settle(cache, who)  # the reads above put the blocks back into L1, and so into L2 (ALL)
-            cache._l1_cache.delete(None, query)
-            reload_started = time.perf_counter()
-            status = cache.acquire(None, query)
-            reload_s = time.perf_counter() - reload_started
-            if status.is_ok():
-                status.get()[1].release()
-            settle(cache, who)  # the reload's own writes (ALL) must not run into the next repeat's put
-            if r:
-                puts.append(returned - started)
-                in_l2.append(landed - started)
-                reloads.append(reload_s)
-                readables.append(share)
-    if who == "noop":
-        return {"put_ms": statistics.median(puts) * 1e3, "in_l2_ms": statistics.median(in_l2) * 1e3}
-    return {
-        "put_ms": statistics.median(puts) * 1e3,
-        "in_l2_ms": statistics.median(in_l2) * 1e3,
-        "reload_ms": statistics.median(reloads) * 1e3,
-        "readable": min(readables),
-    }
+def write_once(cache, who: str, r: int, samples: dict) -> None:
+    """One repeat: 64 blocks put into L1 and hit once (the ingestion's L2
+    writes), then checked and reloaded from L2; r == 0 is a warm-up."""
+    query = tokens(NBLOCKS, seed=r)
+    handle = fill(cache, query, r)
+    before = len(cache.store) if cache.store is not None else 0
+    cpu_started = time.process_time()
+    started = time.perf_counter()
+    assert cache.put(None, query, handle).is_ok()
+    returned = time.perf_counter()
+    hit(cache, query)
+    hit_done = time.perf_counter()
+    landed = wait_in_store(cache.store, before + NBLOCKS) if cache.store is not None else None
+    cpu_s = time.process_time() - cpu_started
+    if r:
+        samples["cpu"].append(cpu_s)
+        samples["put"].append(returned - started)
+        samples["hit"].append(hit_done - returned)
+        if landed is not None:
+            samples["in_l2"].append(landed - started)
+    if cache.store is None or who == "noop":  # L1 only, or nothing to read back
+        settle(cache, who)
+        return
+    settle(cache, who)
+    share = readable(cache, query, r)
+    settle(cache, who)  # the reads above put the blocks back into L1, and so into L2 (ALL)
+    cache._l1_cache.delete(None, query)
+    reload_started = time.perf_counter()
+    status = cache.acquire(None, query)
+    reload_s = time.perf_counter() - reload_started
+    if status.is_ok():
+        status.get()[1].release()
+    settle(cache, who)  # the reload's own writes must not run into the next repeat's put
+    if r:
+        samples["reload"].append(reload_s)
+        samples["readable"].append(share)
+
+
+def write(runs: Runs, whos, block: str, latency_ms: float, ingestion: str, inflight: int, repeats: int) -> dict:
+    """The write scenario for every connector, their repeats interleaved
+    (a rotating order), so load on the host weighs on all of them alike."""
+    samples = {who: {"cpu": [], "put": [], "hit": [], "in_l2": [], "reload": [], "readable": []} for who in whos}
+    with contextlib.ExitStack() as stack:
+        caches = {
+            who: stack.enter_context(runs.manager(who, block, latency_ms, ingestion, inflight, max_tokens=2048))
+            for who in whos
+        }
+        for r in range(repeats + 1):
+            for i in range(len(whos)):
+                who = whos[(r + i) % len(whos)]
+                write_once(caches[who], who, r, samples[who])
+    row = {}
+    for who, got in samples.items():
+        result = {
+            "put_ms": statistics.median(got["put"]) * 1e3,
+            "hit_ms": statistics.median(got["hit"]) * 1e3,
+            "write_path_ms": statistics.median(p + h for p, h in zip(got["put"], got["hit"])) * 1e3,
+            "cpu_ms": statistics.median(got["cpu"]) * 1e3,
+        }
+        if got["in_l2"]:
+            result["in_l2_ms"] = statistics.median(got["in_l2"]) * 1e3
+        if got["reload"]:
+            result |= {"reload_ms": statistics.median(got["reload"]) * 1e3, "readable": min(got["readable"])}
+        row[who] = result
+    return row
 
 
 def step(runs: Runs, who: str, latency_ms: float, repeats: int, block: str = "64KiB") -> float:
@@ -260,47 +325,77 @@ def step(runs: Runs, who: str, latency_ms: float, repeats: int, block: str = "64
     return statistics.median(times) * 1e3
 
 
+def ratio(row: dict, who: str, field: str) -> float | None:
+    floor = row.get(FLOOR, {}).get(field)
+    mine = row.get(who, {}).get(field)
+    return None if not floor or mine is None else mine / floor
+
+
+RATIOS = ("write_path_ms", "in_l2_ms", "cpu_ms")
+
+
+def print_write_row(name: str, row: dict) -> None:
+    cells = []
+    for who, result in row.items():
+        cell = f"{who} {result['write_path_ms']:6.2f}"
+        if "in_l2_ms" in result:
+            cell += f"/{result['in_l2_ms']:6.2f}"
+        cell += f" cpu {result['cpu_ms']:6.2f}"
+        if who not in (FLOOR, "l1only") and ratio(row, who, "write_path_ms") is not None:
+            cell += " (" + "/".join(f"{ratio(row, who, field) or 0:.2f}x" for field in RATIOS) + ")"
+        cells.append(cell)
+    print(f"{name:24} write path/in L2/cpu ms (ratios to {FLOOR}): " + " | ".join(cells), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", help="write the results here as JSON")
-    parser.add_argument("--blocks", nargs="*", default=list(BLOCKS), choices=list(BLOCKS))
-    parser.add_argument("--no-step", action="store_true", help="skip the 4096-token step")
+    parser.add_argument("--blocks", nargs="*", default=["64KiB"], choices=list(BLOCKS))
+    parser.add_argument("--who", nargs="*", default=list(DEFAULT_WHO), choices=WHO)
+    parser.add_argument("--ingestion", nargs="*", default=["HOT", "ALL"], choices=["HOT", "ALL"])
+    parser.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--rtt", nargs="*", type=float, default=[0, 1], help="engine round trips, ms")
+    parser.add_argument(
+        "--step-rtt", nargs="*", type=float, default=[1], help="the step's round trips, ms (none: no step)"
+    )
     args = parser.parse_args()
-    results: dict = {"ingest": {}, "step": {}}
+    results: dict = {"write": {}, "step": {}, "floor": FLOOR}
     with tempfile.TemporaryDirectory() as directory:
         runs = Runs(directory)
         for block in args.blocks:
-            for latency_ms in (0, 1):
-                for mode, inflight in (("sync", 0), ("async", 65536)):
-                    row = {}
-                    for who in (*CONNECTORS, "noop"):
-                        row[who] = ingest(runs, who, block, latency_ms, inflight, args.repeats)
-                    results["ingest"][f"{block}/{latency_ms}ms/{mode}"] = row
-                    ours, today, theirs = row["write_behind"], row["direct"], row["upstream"]
-                    print(
-                        f"{block:>5} {latency_ms}ms {mode:5}  put(): ours {ours['put_ms']:7.2f} ms, upstream "
-                        f"{theirs['put_ms']:7.2f} ms ({theirs['put_ms'] / ours['put_ms']:5.1f}x) | all in L2: ours "
-                        f"{ours['in_l2_ms']:7.2f}, upstream {theirs['in_l2_ms']:7.2f} "
-                        f"({theirs['in_l2_ms'] / ours['in_l2_ms']:4.1f}x) | reload: ours {ours['reload_ms']:6.2f}, "
-                        f"direct {today['reload_ms']:6.2f}, upstream {theirs['reload_ms']:6.2f} ms | readable "
-                        f"{ours['readable']:.0%}/{today['readable']:.0%}/{theirs['readable']:.0%} | "
-                        f"noop: put() {row['noop']['put_ms']:.2f} ms, all handed over {row['noop']['in_l2_ms']:.2f} ms",
-                        flush=True,
-                    )
-        for latency_ms in () if args.no_step else (0.5, 1):
-            row = {who: step(runs, who, latency_ms, args.repeats) for who in (*CONNECTORS, "noop")}
-            results["step"][f"{latency_ms}ms"] = row
-            base = row["noop"]
+            for latency_ms in args.rtt:
+                for ingestion in args.ingestion:
+                    for mode in args.modes:
+                        row = write(runs, args.who, block, latency_ms, ingestion, MODES[mode], args.repeats)
+                        name = f"{block}/{latency_ms:g}ms/{ingestion}/{mode}"
+                        for who in row:
+                            for field in ("write_path_ms", "in_l2_ms", "cpu_ms"):
+                                value = ratio(row, who, field)
+                                if value is not None and who != FLOOR:
+                                    row[who][f"{field[:-3]}_vs_floor"] = value
+                        results["write"][name] = row
+                        print_write_row(name, row)
+        for latency_ms in args.step_rtt:
+            row = {who: step(runs, who, latency_ms, args.repeats) for who in args.who if who != "l1only"}
+            if "l1only" in args.who:
+                row["l1only"] = step_l1only(runs, args.repeats)
+            results["step"][f"{latency_ms:g}ms"] = row
+            floor = row.get(FLOOR)
             print(
-                f"step 4096 tokens, {latency_ms} ms RTT: added per request ours {row['write_behind'] - base:7.2f} ms, "
-                f"direct {row['direct'] - base:7.2f} ms, upstream {row['upstream'] - base:7.2f} ms "
-                f"(noop {base:.2f} ms)",
+                f"step 4096 tokens HOT sync, {latency_ms:g} ms RTT, ms per request: "
+                + " | ".join(
+                    f"{who} {ms:7.2f}" + (f" ({ms / floor:.2f}x)" if floor else "") for who, ms in row.items()
+                ),
                 flush=True,
             )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fout:
             json.dump(results, fout, indent=2)
+
+
+def step_l1only(runs: Runs, repeats: int) -> float:
+    return step(runs, "l1only", 0, repeats)
 
 
 if __name__ == "__main__":

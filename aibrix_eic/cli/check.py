@@ -4,7 +4,8 @@ It resolves the config and the SDK, builds the connector the way AIBrix's
 L2Cache does (`Connector.create` with backend "EIC"), opens it, registers a
 buffer, and round-trips one block: put, exists, get (bytes compared), delete,
 exists again (now a miss). Then it checks that another namespace cannot see
-the block and that the TTL behaves. Each step prints its latency and a
+the block and that the TTL behaves, and warns when AIBrix's L1 ingestion, as
+the environment sets it, waits for EIC inside the request. Each step prints its latency and a
 verdict, and a failure says what to fix. Exit status: 0 when every step
 passed, 1 otherwise.
 """
@@ -57,6 +58,7 @@ class Checker(TtlSteps, NamespaceSteps):
     def run(self) -> int:
         try:
             self.step("config", self.check_config)
+            self.step("ingestion", self.check_ingestion)
             self.step("sdk", self.check_sdk)
             self.step("connector", self.create_connector)
             self.step("open", self.open_connector)

@@ -14,6 +14,7 @@ from ..config import ENV_CONFIG, ConfigError, EICConfig, config_path_from_env
 from ..link.sdk import load_sdk_module
 from ..util.units import format_size
 from ..writes.write_behind import SLAB_SHARE
+from .check_advice import ingestion_advice
 from .check_advice import what_to_fix as _advice
 
 if TYPE_CHECKING:
@@ -107,6 +108,15 @@ class CheckSteps:
         return PASS, (
             f"{source} (remote_url {config.remote_url}, eic_kv_ns {config.eic_kv_ns!r}, eic_kv_ttl {config.eic_kv_ttl})"
         )
+
+    def check_ingestion(self) -> tuple[str, str]:
+        """AIBrix's L1 ingestion as this environment sets it: synchronous
+        writes behind L1 that wait for EIC cost every request its round
+        trips (a warning, not a failure)."""
+        advice = ingestion_advice(self.cfg.put_mode)
+        if advice:
+            return WARN, advice
+        return PASS, f"L1 off, L1 ingestion asynchronous, or put_mode {self.cfg.put_mode} (a put returns at once)"
 
     def check_sdk(self) -> tuple[str, str]:
         try:

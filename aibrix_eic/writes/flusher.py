@@ -12,8 +12,11 @@ Two parts:
   its thread. So a burst of puts costs no thread hand-off per round, which
   on a busy host is most of what a round costs the caller. Between rounds a
   drain gives its thread up to queued gets and probes (they run first).
-- the watcher thread (`aibrix_eic_flusher`) starts a drain when work arrives
-  and none runs, drops writes older than write_behind_max_age_ms, drops
+- the put that queues work when no drain runs submits one to the pool
+  itself (one thread woken, not the watcher and then a pool thread); the
+  watcher thread
+  (`aibrix_eic_flusher`) starts one for work a drain left (keys in flight),
+  re-deletes lost keys, drops writes older than write_behind_max_age_ms, drops
   everything queued while the circuit is open, and gives up on a drain whose
   round outlived put_timeout_ms: that counts as a breaker failure, and a new
   drain carries on with the other keys (a key in flight is never sent again
@@ -176,6 +179,21 @@ class Flusher:
             return True
         return bool(table.lost) and retry
 
+    def claim_drain(self) -> Drain | None:
+        """After a put queued work (under the table lock): the drain that put
+        starts itself on the data pool (start_drain), or None when one runs
+        (it takes the work with its next round) or the connector is closing.
+        Starting it here, not from the watcher, saves a thread wake-up per
+        burst of puts: on a loaded host each costs the caller its CPU."""
+        if self._drain is not None or not self.running:
+            return None
+        self._drain = Drain()
+        return self._drain
+
+    def start_drain(self, drain: Drain) -> None:
+        """Outside the table lock: run a drain claimed with claim_drain."""
+        self._submit_drain(drain)
+
     def _down(self) -> bool:
         return self._link.usable("data", count=False) is None
 
@@ -216,7 +234,8 @@ class Flusher:
                     self._lost_retry_at = max(self._lost_retry_at, now + TICK_S)
                     self._took_nothing_at = table.seq
                     self._drain = None
-                    table.wake_flusher.notify_all()
+                    if not self.running or table.queued:  # a close waits for it; work left needs the watcher
+                        table.wake_flusher.notify_all()
                     return
                 drain.round_started = now
             if not self._rounds.send(drain, writes, deletes):

@@ -127,8 +127,9 @@ class WriteBehind:
             if not early:
                 ack = Ack(len(eic_keys), asyncio.get_running_loop())
             table.add(eic_keys, buffers, mrs, time.monotonic(), early, ack, done)
-            if not self._flusher.draining:  # a running drain takes it with its next round
-                table.wake_flusher.notify()
+            drain = self._flusher.claim_drain()  # None: a running drain takes it with its next round
+        if drain is not None:
+            self._flusher.start_drain(drain)
         done.settle()
         self._counters.add(
             puts=1,

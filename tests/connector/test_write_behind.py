@@ -538,3 +538,25 @@ def test_a_long_stream_of_writes_does_not_look_like_a_stuck_pool_thread(make_rig
         time.sleep(0.001)
     idle(rig)
     assert most_threads == 2, f"the pool grew to {most_threads} threads for a drain that was never stuck"
+
+
+def test_a_put_starts_its_flush_without_waking_the_watcher(make_rig, monkeypatch):
+    """The put that finds no drain running starts one on the data pool
+    itself: a wake-up of the watcher thread per burst of puts is CPU the
+    caller loses on a busy host (docs/performance.md, L1-on). With the
+    watcher thread gone, every write still reaches EIC, in order."""
+    from aibrix_eic.writes import flusher
+
+    monkeypatch.setattr(flusher.Flusher, "_watch", lambda self, generation: None)
+    rig = make_rig()
+    rig.store.faults.latency_s = 0.002
+    for version in range(1, 21):  # one put at a time, as AIBrix's synchronous ingestion makes them
+        status, _ = put(rig, bytes([version % 4]) * 16, version)
+        assert status.is_ok()
+    assert rig.conn.write_behind.wait_idle(10), "writes waited for a watcher that never came"
+    rig.quiesce()
+    assert len(rig.store) == 4
+    for key in range(4):
+        newest = max(v for v in range(1, 21) if v % 4 == key)
+        status, data = get(rig, bytes([key]) * 16)
+        assert status.is_ok() and data == payload(newest)

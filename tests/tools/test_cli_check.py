@@ -38,6 +38,7 @@ def verdict_of(output: str, step: str) -> str:
 
 STEPS = (
     "config",
+    "ingestion",
     "sdk",
     "connector",
     "open",
@@ -51,6 +52,13 @@ STEPS = (
     "ttl",
     "close",
 )
+
+
+@pytest.fixture(autouse=True)
+def asynchronous_ingestion(monkeypatch):
+    """AIBrix's settings of a healthy setup whatever put_mode a test picks:
+    L1 ingestion writes L2 asynchronously (the ingestion step may warn otherwise)."""
+    monkeypatch.setenv("AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_MAX_INFLIGHT_TOKENS", "16384")
 
 
 def test_healthy_embedded_engine_passes_every_step(capsys):
@@ -321,3 +329,34 @@ def test_every_step_passes_on_a_shared_store_and_the_sdk_step_says_where_it_is(c
         assert verdict_of(out, step) == "PASS", out
     assert f"shared store 'checked' in {shared_dir}/checked" in out
     assert len(engine.get_store(f"checked?dir={shared_dir}")) == 0  # check leaves no keys behind
+
+
+@pytest.mark.parametrize("put_mode, l1_enabled", [("direct", None), ("direct", "1"), ("coalesce", None)])
+def test_synchronous_ingestion_that_waits_for_eic_is_a_warning_naming_the_setting(
+    capsys, monkeypatch, tmp_path, put_mode, l1_enabled
+):
+    """AIBrix's defaults (L1 on, MAX_INFLIGHT_TOKENS 0) with a put that
+    waits for EIC: one round trip per block inside the request, 1.9-7.7x
+    slower than async in docs/performance.md. A warning, not a failure."""
+    monkeypatch.delenv("AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_MAX_INFLIGHT_TOKENS")
+    if l1_enabled is None:
+        monkeypatch.delenv("AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED", raising=False)
+    else:
+        monkeypatch.setenv("AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED", l1_enabled)
+    code, out = run_check(capsys, "--config", config_file(tmp_path, put_mode=put_mode))
+    assert code == 0, out
+    assert verdict_of(out, "ingestion") == "WARN", out
+    assert "AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_MAX_INFLIGHT_TOKENS=0" in out and f"put_mode is {put_mode}" in out
+    assert "1 warning(s)" in out
+
+
+@pytest.mark.parametrize(
+    "put_mode, l1_enabled, inflight", [("direct", "0", "0"), ("direct", "1", "65536"), ("write_behind", "1", "0")]
+)
+def test_asynchronous_ingestion_no_l1_or_write_behind_passes_the_ingestion_step(
+    capsys, monkeypatch, tmp_path, put_mode, l1_enabled, inflight
+):
+    monkeypatch.setenv("AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED", l1_enabled)
+    monkeypatch.setenv("AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_MAX_INFLIGHT_TOKENS", inflight)
+    code, out = run_check(capsys, "--config", config_file(tmp_path, put_mode=put_mode))
+    assert code == 0 and verdict_of(out, "ingestion") == "PASS", out
