@@ -6,12 +6,12 @@ on a timeout its `finally` releases the memory regions first and cancels the
 future after. A coroutine the loop had already queued then runs on regions
 that are freed (double free) or already handed to the next request (its KV
 overwritten). `order_timeouts` makes the cache manager's futures give up in
-the safe order: mark the request abandoned (RequestGuard, checked by request/holds.py), cancel it, wait
-for a coroutine that had started to end, and only then let AIBrix's
-`finally` release. Only requests to an L2Cache whose backend is one of our
-connectors are ordered; every other manager in the process gets asyncio's
-own future, so it times out exactly as stock AIBrix. Opt out with
-AIBRIX_EIC_DISABLE_TIMEOUT_ORDERING=1. Details and the upstream report:
+the safe order: mark the request abandoned (RequestGuard, checked by
+request/checks.py's hold), cancel it, wait for a coroutine that had started
+to end, and only then let AIBrix's `finally` release. Only requests to an
+L2Cache whose backend is one of our connectors are ordered; every other
+manager in the process gets asyncio's own future, so it times out exactly
+as stock AIBrix. Opt out with AIBRIX_EIC_DISABLE_TIMEOUT_ORDERING=1. Details and the upstream report:
 docs/operations.md.
 """
 

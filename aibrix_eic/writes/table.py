@@ -2,7 +2,7 @@
 confirmed yet, and the keys whose last write may have been lost.
 
 Bookkeeping under one lock (shared by `cond` and `wake_flusher`); no SDK
-calls. A region reference taken by the caller (request/holds.py) is
+calls. A region reference taken by the caller (request/checks.py's hold) is
 dropped here when its entry leaves the table; callers answer the waiters
 (`Finished.acks`) after letting go of the lock.
 
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from aibrix_kvcache.memory import MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes
 
-from ..request.holds import release
+from ..request.checks import release
 
 WRITE, DELETE = 0, 1
 LOST = object()  # what lookup() returns for a key that must read as a miss

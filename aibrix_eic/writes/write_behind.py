@@ -3,7 +3,7 @@ flusher sends to EIC as batched msets, in drains on the data pool that its
 watcher thread starts (flusher.py; docs/write-behind.md says why and how).
 
 - `put_mode: write_behind`: a put takes its own reference on every region
-  (request/holds.py), queues the blocks and returns OK at once; the
+  (request/checks.py's hold), queues the blocks and returns OK at once; the
   reference is dropped only once no SDK call can touch the region.
 - `put_mode: coalesce`, and any put that would take the pending bytes past
   `write_behind_max_bytes`: the put queues the same way but waits until its
@@ -26,9 +26,9 @@ from aibrix_kvcache.status import Status, StatusCodes
 from ..link.link import Session
 from ..link.resilience import Deadline
 from ..link.runtime import Runtime
+from ..request.checks import hold, release
 from ..request.dispatch import DELETE as DELETE_OP
 from ..request.dispatch import Dispatcher
-from ..request.holds import hold, release
 from ..request.statuses import NOT_FOUND, OK, close_after, key_statuses
 from ..util.device_memory import copy_region
 from .flusher import Flusher
