@@ -70,7 +70,7 @@ class CallResult:
     whole_call_failed: bool  # every key FAIL: a sign the service is down
     detail: str  # what the SDK said, for logs and error messages
     # mset keys refused with GDR_TRANSFER_ERROR: their registered transfer
-    # failed, and the same bytes sent unregistered may pass (request/dispatch.py)
+    # failed, and the same bytes sent unregistered may pass (link/calls.py)
     gdr_refused: tuple[int, ...] = ()
 
 

@@ -13,10 +13,11 @@ from aibrix_kvcache.status import Status
 
 from ..aibrix_compat.tokens import restore_tokens
 from ..keys.codec import KeyCodec
+from ..link.calls import DELETE, GET, PUT
 from ..link.link import Session
 from ..link.runtime import Runtime
 from .checks import BlockChecker, eic_keys, hold, release
-from .dispatch import DELETE, GET, PUT, Chunk, Dispatcher, OutlivedCall
+from .dispatch import Chunk, Dispatcher, OutlivedCall
 from .statuses import FAST_MISS, close_after, key_statuses, put_outcome, unloaded_reasons
 
 

@@ -23,11 +23,11 @@ from concurrent.futures import Future
 from aibrix_kvcache.memory import MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes
 
+from ..link.calls import DELETE as DELETE_OP
 from ..link.link import Session
 from ..link.resilience import Deadline
 from ..link.runtime import Runtime
 from ..request.checks import hold, release
-from ..request.dispatch import DELETE as DELETE_OP
 from ..request.dispatch import Dispatcher
 from ..request.statuses import NOT_FOUND, OK, close_after, key_statuses
 from ..util.device_memory import copy_region
@@ -50,7 +50,7 @@ class WriteBehind:
         self.enabled = config.put_mode != "direct"
         self._accept_early = config.put_mode == "write_behind"
         self.table = PendingTable(config.write_behind_max_bytes, config.write_behind_max_age_ms / 1000)
-        self._flusher = Flusher(self.table, rt, dispatcher)
+        self._flusher = Flusher(self.table, rt)
         self._limit_for: tuple[int, int] = (-1, config.write_behind_max_bytes)  # (regions seen, limit)
 
     # ---------------------------------------------------------- lifecycle
