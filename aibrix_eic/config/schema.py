@@ -5,7 +5,7 @@ EICConfig field (config/__init__.py), which derives KEY_CHECKS and BOUNDS."""
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,7 +140,7 @@ TRANSPORT_TYPES = {0: "TCP", 2: "RDMA", 3: "GDR"}
 LOG_LEVELS = (0, 1, 2, 3, 4)
 
 
-def _one_of(choices: str, allowed) -> Check:
+def _one_of(choices: str, allowed: Collection[int]) -> Check:
     def check(source: str, key: str, raw: Any, _bounds: Bounds | None) -> int:
         if isinstance(raw, bool) or not isinstance(raw, int):
             raise ConfigError(source, key, f"expected an integer, got {_type_name(raw)} {raw!r}")

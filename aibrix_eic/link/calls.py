@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..config import EICConfig
 from ..observability.counters import Counters
@@ -101,7 +101,7 @@ class LinkCalls:
             step = max(1, min(step, self._config.batch_bytes // block_nbytes))
         return step
 
-    def call(self, op: str, fn: Callable[..., CallResult], *args) -> CallResult:
+    def call(self, op: str, fn: Callable[..., CallResult], *args: Any) -> CallResult:
         """Run one SDK call of the data path (`op`: get, put, exists, delete):
         counted in the sdk_calls series and the in-flight gauge, and its reply
         observed by the breaker. Every data-path SDK call goes through here;

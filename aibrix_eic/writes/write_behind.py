@@ -17,7 +17,7 @@ flush failed reads as a miss until EIC is known not to hold an older value
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
 
 from aibrix_kvcache.memory import MemoryRegion
@@ -33,6 +33,11 @@ from ..request.statuses import NOT_FOUND, OK, close_after, key_statuses
 from ..util.device_memory import copy_region
 from .flusher import Flusher
 from .table import LOST, Ack, Finished, PendingTable
+
+# The rest of an mget over the table: EIC's answer for the keys no pending
+# write answers, and the token check of the token-validation layout.
+FromEic = Callable[[Sequence[bytes], Sequence[MemoryRegion]], Awaitable[Sequence[Status] | Status]]
+RestoreTokens = Callable[[Sequence[bytes], Sequence[MemoryRegion], list[Status], int], int]
 
 # Pending writes hold regions of AIBrix's allocator; past this share of the
 # memory registered with us (the allocator's slabs) puts wait instead, so
@@ -184,7 +189,14 @@ class WriteBehind:
             self._counters.add(write_behind_served=sum(1 for i, _ in sources if found[i]))
         return found
 
-    async def mget(self, eic_keys: list[str], keys: Sequence[bytes], mrs: Sequence[MemoryRegion], from_eic, restore):
+    async def mget(
+        self,
+        eic_keys: list[str],
+        keys: Sequence[bytes],
+        mrs: Sequence[MemoryRegion],
+        from_eic: FromEic,
+        restore: RestoreTokens,
+    ) -> list[Status] | Status:
         """An mget over the table: accepted writes are copied from their
         regions, lost keys are misses, the rest comes from EIC
         (`from_eic(keys, mrs)`). The result is prefix-closed, and in the
@@ -198,7 +210,12 @@ class WriteBehind:
             release(mrs)
 
     async def _mget_held(
-        self, eic_keys: list[str], keys: Sequence[bytes], mrs: Sequence[MemoryRegion], from_eic, restore
+        self,
+        eic_keys: list[str],
+        keys: Sequence[bytes],
+        mrs: Sequence[MemoryRegion],
+        from_eic: FromEic,
+        restore: RestoreTokens,
     ) -> list[Status]:
         found = self._read_held(eic_keys, mrs)
         nkeys = len(keys)
