@@ -205,19 +205,21 @@ class WriteBehind:
         if refused is not None:
             return refused
         try:
-            return await self._mget_held(eic_keys, keys, mrs, from_eic, restore)
+            statuses = await self._held_or_from_eic(self._read_held(eic_keys, mrs), keys, mrs, from_eic)
+            loaded = next((i for i, status in enumerate(statuses) if not status.is_ok()), len(keys))
+            close_after(statuses, loaded)
+            if loaded and not MemoryRegion.use_compact_layout():
+                close_after(statuses, restore(keys, mrs, statuses, loaded))
+            return statuses
         finally:
             release(mrs)
 
-    async def _mget_held(
-        self,
-        eic_keys: list[str],
-        keys: Sequence[bytes],
-        mrs: Sequence[MemoryRegion],
-        from_eic: FromEic,
-        restore: RestoreTokens,
+    @staticmethod
+    async def _held_or_from_eic(
+        found: list, keys: Sequence[bytes], mrs: Sequence[MemoryRegion], from_eic: FromEic
     ) -> list[Status]:
-        found = self._read_held(eic_keys, mrs)
+        """One Status per key: OK where `found` copied a held write, a miss
+        from the first lost key on, EIC's answer for the rest before it."""
         nkeys = len(keys)
         end = found.index(False) if False in found else nkeys
         statuses: list[Status] = [NOT_FOUND] * nkeys
@@ -231,10 +233,6 @@ class WriteBehind:
         for i in range(end):
             if found[i]:
                 statuses[i] = OK
-        loaded = next((i for i, status in enumerate(statuses) if not status.is_ok()), nkeys)
-        close_after(statuses, loaded)
-        if loaded and not MemoryRegion.use_compact_layout():
-            close_after(statuses, restore(keys, mrs, statuses, loaded))
         return statuses
 
     @staticmethod
