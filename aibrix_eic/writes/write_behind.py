@@ -205,7 +205,7 @@ class WriteBehind:
         if refused is not None:
             return refused
         try:
-            statuses = await self._held_or_from_eic(self._read_held(eic_keys, mrs), keys, mrs, from_eic)
+            statuses = await held_or_from_eic(self._read_held(eic_keys, mrs), keys, mrs, from_eic)
             loaded = next((i for i, status in enumerate(statuses) if not status.is_ok()), len(keys))
             close_after(statuses, loaded)
             if loaded and not MemoryRegion.use_compact_layout():
@@ -213,27 +213,6 @@ class WriteBehind:
             return statuses
         finally:
             release(mrs)
-
-    @staticmethod
-    async def _held_or_from_eic(
-        found: list, keys: Sequence[bytes], mrs: Sequence[MemoryRegion], from_eic: FromEic
-    ) -> list[Status]:
-        """One Status per key: OK where `found` copied a held write, a miss
-        from the first lost key on, EIC's answer for the rest before it."""
-        nkeys = len(keys)
-        end = found.index(False) if False in found else nkeys
-        statuses: list[Status] = [NOT_FOUND] * nkeys
-        ask = [i for i in range(end) if found[i] is None]
-        if ask:
-            answer = await from_eic([keys[i] for i in ask], [mrs[i] for i in ask])
-            if isinstance(answer, Status):
-                answer = [answer] * len(ask)
-            for j, i in enumerate(ask):
-                statuses[i] = answer[j]
-        for i in range(end):
-            if found[i]:
-                statuses[i] = OK
-        return statuses
 
     @staticmethod
     def _copy(source: MemoryRegion, dest: MemoryRegion) -> bool:
@@ -301,3 +280,24 @@ class WriteBehind:
         if dropped and status.is_not_found():
             return OK  # it existed, as a pending write
         return status
+
+
+async def held_or_from_eic(
+    found: list, keys: Sequence[bytes], mrs: Sequence[MemoryRegion], from_eic: FromEic
+) -> list[Status]:
+    """One Status per key: OK where `found` copied a held write, a miss
+    from the first lost key on, EIC's answer for the rest before it."""
+    nkeys = len(keys)
+    end = found.index(False) if False in found else nkeys
+    statuses: list[Status] = [NOT_FOUND] * nkeys
+    ask = [i for i in range(end) if found[i] is None]
+    if ask:
+        answer = await from_eic([keys[i] for i in ask], [mrs[i] for i in ask])
+        if isinstance(answer, Status):
+            answer = [answer] * len(ask)
+        for j, i in enumerate(ask):
+            statuses[i] = answer[j]
+    for i in range(end):
+        if found[i]:
+            statuses[i] = OK
+    return statuses
