@@ -31,7 +31,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aibrix_kvcache.memory import MemoryRegion
@@ -48,7 +48,7 @@ from .request.statuses import DELETE_SKIPPED, FAST_MISS, PUT_SKIPPED, request_ou
 METRIC_OPS = {"mget": "get", "mput": "put", "delete": "delete"}
 
 
-def never_raises(op: str):
+def never_raises(op: str) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
     """Turn any exception of an async op into a Status (bad input INVALID,
     a bug ERROR), and count the request in the metrics."""
     metric_op = METRIC_OPS.get(op)

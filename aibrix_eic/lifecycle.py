@@ -78,7 +78,7 @@ class ConnectorLifecycle(Connector[bytes, torch.Tensor]):
 
     # ------------------------------------------------------------ factory
     @classmethod
-    def from_envs(cls, conn_id: str, executor: Executor, **kwargs) -> Self:
+    def from_envs(cls, conn_id: str, executor: Executor, **kwargs: Any) -> Self:
         """Build from the YAML named by AIBRIX_KV_CACHE_OL_EIC_CONFIG (or the
         upstream AIBRIX_KV_CACHE_OL_EIC_CONFIG_FILE). A bad config does not
         raise here: open() returns INVALID with the message."""

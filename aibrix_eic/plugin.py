@@ -15,9 +15,13 @@ This module must stay cheap to import: the .pth hook runs in every process.
 import os
 import sys
 from importlib.machinery import ModuleSpec
+from types import ModuleType
 from typing import TYPE_CHECKING, cast
 
+from .util.flags import env_flag
+
 if TYPE_CHECKING:  # importlib.abc is not imported at run time: the .pth hook must stay cheap
+    from collections.abc import Mapping, MutableMapping
     from importlib.abc import Loader
 
 SHIM_MODULE = "aibrix_kvcache.l2.connectors.eic"
@@ -33,7 +37,7 @@ class _ShimLoader:
     def create_module(self, spec):
         return None  # default module creation
 
-    def exec_module(self, module) -> None:
+    def exec_module(self, module: ModuleType) -> None:
         # AIBrix imports this module when it builds the cache manager, in the
         # worker, after vLLM configured its logging.
         from aibrix_eic.observability.logs import route_to_vllm
@@ -41,8 +45,7 @@ class _ShimLoader:
         route_to_vllm()
         from aibrix_eic.connector import EICConnector
 
-        module.EICConnector = EICConnector
-        module.__all__ = ["EICConnector"]
+        vars(module).update(EICConnector=EICConnector, __all__=["EICConnector"])
         setattr(module, SHIM_MARKER, True)
 
 
@@ -61,7 +64,7 @@ class _ShimFinder:
 _finder = _ShimFinder()
 
 
-def apply_backend_alias(environ=os.environ) -> None:
+def apply_backend_alias(environ: "MutableMapping[str, str]" = os.environ) -> None:
     """Copy our short AIBRIX_KV_CACHE_OL_L2_BACKEND into AIBrix's name, which
     AIBrix reads lazily; an explicitly set AIBrix name wins."""
     alias = environ.get(BACKEND_ALIAS_ENV)
@@ -98,5 +101,5 @@ def register() -> None:
     route_to_vllm()
 
 
-def autoload_disabled(environ=os.environ) -> bool:
-    return environ.get(DISABLE_AUTOLOAD_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+def autoload_disabled(environ: "Mapping[str, str]" = os.environ) -> bool:
+    return env_flag(DISABLE_AUTOLOAD_ENV, False, environ)

@@ -6,12 +6,12 @@ on a timeout its `finally` releases the memory regions first and cancels the
 future after. A coroutine the loop had already queued then runs on regions
 that are freed (double free) or already handed to the next request (its KV
 overwritten). `order_timeouts` makes the cache manager's futures give up in
-the safe order: mark the request abandoned (RequestGuard, checked by request/holds.py), cancel it, wait
-for a coroutine that had started to end, and only then let AIBrix's
-`finally` release. Only requests to an L2Cache whose backend is one of our
-connectors are ordered; every other manager in the process gets asyncio's
-own future, so it times out exactly as stock AIBrix. Opt out with
-AIBRIX_EIC_DISABLE_TIMEOUT_ORDERING=1. Details and the upstream report:
+the safe order: mark the request abandoned (RequestGuard, checked by
+request/checks.py's hold), cancel it, wait for a coroutine that had started
+to end, and only then let AIBrix's `finally` release. Only requests to an
+L2Cache whose backend is one of our connectors are ordered; every other
+manager in the process gets asyncio's own future, so it times out exactly
+as stock AIBrix. Opt out with AIBRIX_EIC_DISABLE_TIMEOUT_ORDERING=1. Details and the upstream report:
 docs/operations.md.
 """
 
@@ -23,7 +23,11 @@ import sys
 import threading
 import types
 import weakref
+from collections.abc import Coroutine, Mapping
 from concurrent.futures import CancelledError, Future
+from typing import Any
+
+from ..util.flags import env_flag
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +71,7 @@ class _OrderedTimeoutFuture:
         self._future = future
         self._guard = guard
 
-    def result(self, timeout: float | None = None):
+    def result(self, timeout: float | None = None) -> Any:
         try:
             return self._future.result(timeout)
         except TimeoutError:
@@ -79,11 +83,11 @@ class _OrderedTimeoutFuture:
                 )
             raise
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._future, name)
 
 
-async def _guarded(coro, guard: RequestGuard):
+async def _guarded(coro: Coroutine[Any, Any, Any], guard: RequestGuard) -> Any:
     with guard.lock:
         if guard.abandoned:
             coro.close()
@@ -100,7 +104,7 @@ async def _guarded(coro, guard: RequestGuard):
 _ORDERED_BACKENDS: "weakref.WeakSet[object]" = weakref.WeakSet()
 
 
-def _l2_cache_of(coro) -> object | None:
+def _l2_cache_of(coro: Coroutine[Any, Any, Any]) -> object | None:
     """The L2Cache a cache manager's request goes to. AIBrix passes
     `self._l2_cache.<op>(...)`: the L2Cache is the coroutine's `self`, or
     `args[0]` under AIBrix's nvtx_range wrapper, or another local of a
@@ -114,7 +118,7 @@ def _l2_cache_of(coro) -> object | None:
     return next((obj for obj in candidates if obj is not None and hasattr(obj, "_backend")), None)
 
 
-def _wants_ordering(coro) -> bool:
+def _wants_ordering(coro: Coroutine[Any, Any, Any]) -> bool:
     """Whether a cache manager's request goes to one of our connectors.
     A request whose L2Cache cannot be found is ordered: safe for ours, and
     only a later AIBrix could make that happen."""
@@ -136,7 +140,7 @@ class _AsyncioWithOrderedTimeouts(types.ModuleType):
     def __init__(self) -> None:
         super().__init__("asyncio")
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(asyncio, name)
 
     @staticmethod
@@ -147,7 +151,7 @@ class _AsyncioWithOrderedTimeouts(types.ModuleType):
         return _OrderedTimeoutFuture(asyncio.run_coroutine_threadsafe(_guarded(coro, guard), loop), guard)
 
 
-def order_timeouts(connector: object, environ=os.environ) -> bool:
+def order_timeouts(connector: object, environ: Mapping[str, str] = os.environ) -> bool:
     """Order the timeouts of the cache managers whose L2 backend is
     `connector`, if AIBrix's cache manager module is loaded and the operator
     did not opt out; True when it is in place."""
@@ -155,7 +159,7 @@ def order_timeouts(connector: object, environ=os.environ) -> bool:
     if module is None:
         return False
     if not isinstance(getattr(module, "asyncio", None), _AsyncioWithOrderedTimeouts):
-        if environ.get(DISABLE_TIMEOUT_ORDERING_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+        if env_flag(DISABLE_TIMEOUT_ORDERING_ENV, False, environ):
             return False
         setattr(module, "asyncio", _AsyncioWithOrderedTimeouts())  # noqa: B010  (the module's own global)
     _ORDERED_BACKENDS.add(connector)

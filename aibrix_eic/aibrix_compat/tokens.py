@@ -30,7 +30,7 @@ class KeyWithTokens(bytes):
     tokens: TokenListView
 
 
-def with_tokens(real_key, cache_key: bytes) -> bytes:
+def with_tokens(real_key: object, cache_key: bytes) -> bytes:
     if not isinstance(real_key, TokenListView):
         return cache_key
     tagged = KeyWithTokens(cache_key)

@@ -9,7 +9,7 @@ when chosen, so `--help` stays fast.
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..util.units import parse_size
 
@@ -21,7 +21,7 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _whole_number(minimum: int):
+def _whole_number(minimum: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)

@@ -125,7 +125,7 @@ def _drive(driver: ManagerDriver, warmup: int, requests: int, progress: Progress
     return results
 
 
-def _backend_info(driver: ManagerDriver, connector) -> dict[str, Any]:
+def _backend_info(driver: ManagerDriver, connector: Any) -> dict[str, Any]:
     config = getattr(connector, "config", None)
     kind = type(connector)
     return {
@@ -138,7 +138,7 @@ def _backend_info(driver: ManagerDriver, connector) -> dict[str, Any]:
     }
 
 
-def _store_mode(config) -> dict[str, Any]:
+def _store_mode(config: Any) -> dict[str, Any]:
     """Where the blocks went: an EIC cluster, or the embedded engine's
     in-process store, or its shared one (which other processes see too)."""
     if config is None or not config.uses_embedded_engine:

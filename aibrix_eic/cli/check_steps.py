@@ -18,6 +18,8 @@ from .check_advice import ingestion_advice
 from .check_advice import what_to_fix as _advice
 
 if TYPE_CHECKING:
+    from aibrix_kvcache.status import Status
+
     from ..connector import EICConnector
 
 PASS, FAIL, WARN, SKIP = "PASS", "FAIL", "WARN", "SKIP"
@@ -286,7 +288,7 @@ class CheckSteps:
             return ""  # stored before put returned (put_mode direct or coalesce, or past the byte bound)
         return f", written behind: in EIC {(time.perf_counter() - started) * 1000:.1f} ms after put returned"
 
-    def _expect_ok(self, op: str, status) -> None:
+    def _expect_ok(self, op: str, status: "Status") -> None:
         if status.is_ok():
             return
         message = f"{op} returned {status.error_code.name}"

@@ -211,7 +211,7 @@ class ManagerDriver:
         return f"flush: write-behind had not written the blocks to EIC after {bound_ms:g} ms"
 
     # ------------------------------------------------------------- requests
-    def prompt(self, index: int):
+    def prompt(self, index: int) -> Any:
         from aibrix_kvcache import TokenListView
 
         rng = np.random.default_rng([self.seed, index])

@@ -8,6 +8,7 @@ kv_heads / tp of the heads and builds its own cache manager, so the
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 BLOCK_NTOKENS = 16  # vLLM's default block size on GPUs
 
@@ -38,7 +39,7 @@ class ModelShape:
     def block_nbytes(self) -> int:
         return self.bytes_per_token * self.block_ntokens
 
-    def block_spec(self, rank: int = 0):
+    def block_spec(self, rank: int = 0) -> Any:
         """AIBrix's KVCacheBlockSpec for TP rank `rank` (its own kv heads)."""
         import torch
         from aibrix_kvcache.spec import KVCacheBlockLayout, KVCacheBlockSpec, KVCacheTensorSpec

@@ -1,7 +1,9 @@
 """Load and validate the connector's YAML config; nothing else reads files.
 
 Every key of the upstream AIBrix EIC YAML is accepted unchanged, so an
-existing file works as is. Our own keys are documented in docs/config.md.
+existing file works as is. Each key is declared once, as an EICConfig field
+with its default, its check and its bounds (schema.py); docs/config.md
+documents every one.
 Any problem raises ConfigError with a message naming the file, the key and
 what was expected.
 """
@@ -16,7 +18,8 @@ from typing import Any
 
 import yaml
 
-from .schema import KEY_CHECKS, ConfigError
+from . import schema
+from .schema import Bounds, ConfigError, GiB, config_key, sizes
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +27,8 @@ ENV_CONFIG = "AIBRIX_KV_CACHE_OL_EIC_CONFIG"
 ENV_CONFIG_UPSTREAM = "AIBRIX_KV_CACHE_OL_EIC_CONFIG_FILE"
 DEFAULT_SOURCE = "<defaults>"
 SCHEMES = ("eic", "local")
+MiB = 1024**2
+_MS = Bounds(0.001, 3_600_000)  # a deadline or an age, in ms: up to an hour
 
 # Keys other EIC callers use, with what to write instead.
 _FOREIGN_KEYS = {
@@ -41,43 +46,43 @@ _FOREIGN_KEYS = {
 class EICConfig:
     """Validated settings; build with EICConfig.load or EICConfig.from_env."""
 
-    source: str = DEFAULT_SOURCE
+    source: str = DEFAULT_SOURCE  # not a key: the file the values came from
     # Upstream keys (aibrix_kvcache/l2/connectors/eic/eic.py), same defaults.
-    remote_url: str = "local://"
-    eic_instance_id: str = ""
-    eic_thread_num: int = 6
-    eic_log_dir: str | None = None
-    eic_log_level: int = 1
-    eic_trans_type: int = 3
-    eic_kv_ttl: int = -1
-    eic_kv_ns: str = ""
-    eic_flag_file: str | None = None
+    remote_url: str = config_key("local://", schema.string)
+    eic_instance_id: str = config_key("", schema.string)
+    eic_thread_num: int = config_key(6, schema.integer, Bounds(1, 1024))
+    eic_log_dir: str | None = config_key(None, schema.optional_string)
+    eic_log_level: int = config_key(1, schema.log_level)
+    eic_trans_type: int = config_key(3, schema.transport_type)
+    eic_kv_ttl: int = config_key(-1, schema.integer, Bounds(-1, 2**31 - 1))
+    eic_kv_ns: str = config_key("", schema.string)
+    eic_flag_file: str | None = config_key(None, schema.optional_string)
     # Our keys.
-    batch_keys: int = 64
-    batch_bytes: int = 16 * 1024 * 1024
-    get_timeout_ms: float = 2000.0
-    put_timeout_ms: float = 5000.0
-    exists_timeout_ms: float = 500.0
-    delete_timeout_ms: float = 2000.0
-    retry_attempts: int = 2
-    retry_backoff_ms: float = 2.0
-    retry_backoff_max_ms: float = 50.0
-    breaker_failures: int = 5
-    probe_interval_s: float = 2.0
-    fail_open: bool = True
-    warmup_keys: int = 64
-    warmup_timeout_ms: float = 1000.0
-    require_registration: bool = False
-    put_registered: bool = False
-    max_value_bytes: int = 4 * 1024 * 1024
-    block_nbytes: int | None = None
-    metrics: bool = True  # Prometheus series, see observability/metrics.py
-    metrics_port: int | None = None  # per-process exporter when vLLM's /metrics cannot show them
-    model_id: str | None = None  # goes into every key; see keys/identity.py
-    put_mode: str = "write_behind"  # or "coalesce", "direct": see writes/, docs/write-behind.md
-    write_behind_max_bytes: int = 512 * 1024 * 1024
-    write_behind_max_age_ms: float = 2000.0
-    write_behind_close_timeout_ms: float = 2000.0
+    batch_keys: int = config_key(64, schema.integer, Bounds(1, 65536))
+    batch_bytes: int = config_key(16 * MiB, schema.size, sizes(1, 64 * GiB))
+    get_timeout_ms: float = config_key(2000.0, schema.positive_number, _MS)
+    put_timeout_ms: float = config_key(5000.0, schema.positive_number, _MS)
+    exists_timeout_ms: float = config_key(500.0, schema.positive_number, _MS)
+    delete_timeout_ms: float = config_key(2000.0, schema.positive_number, _MS)
+    retry_attempts: int = config_key(2, schema.integer, Bounds(0, 100))
+    retry_backoff_ms: float = config_key(2.0, schema.positive_number, Bounds(0.001, 60_000))
+    retry_backoff_max_ms: float = config_key(50.0, schema.positive_number, Bounds(0.001, 60_000))
+    breaker_failures: int = config_key(5, schema.integer, Bounds(1, 1_000_000))
+    probe_interval_s: float = config_key(2.0, schema.positive_number, Bounds(0.001, 3600))
+    fail_open: bool = config_key(True, schema.boolean)
+    warmup_keys: int = config_key(64, schema.integer, Bounds(0, 65536))
+    warmup_timeout_ms: float = config_key(1000.0, schema.positive_number, _MS)
+    require_registration: bool = config_key(False, schema.boolean)
+    put_registered: bool = config_key(False, schema.boolean)
+    max_value_bytes: int = config_key(4 * MiB, schema.size, sizes(1, 4 * GiB))
+    block_nbytes: int | None = config_key(None, schema.optional_size, sizes(1, 4 * GiB))
+    metrics: bool = config_key(True, schema.boolean)  # Prometheus series, see observability/metrics.py
+    metrics_port: int | None = config_key(None, schema.optional_integer, Bounds(1, 65535))  # when vLLM's cannot
+    model_id: str | None = config_key(None, schema.model_name)  # goes into every key; see keys/identity.py
+    put_mode: str = config_key("write_behind", schema.put_mode)  # or coalesce, direct: docs/write-behind.md
+    write_behind_max_bytes: int = config_key(512 * MiB, schema.size, sizes(1, 1024 * GiB))
+    write_behind_max_age_ms: float = config_key(2000.0, schema.positive_number, _MS)
+    write_behind_close_timeout_ms: float = config_key(2000.0, schema.positive_number, _MS)
 
     # ----------------------------------------------------------- derived
     @property
@@ -135,7 +140,7 @@ class EICConfig:
                 raise ConfigError(source, repr(key), "keys must be strings")
             if key not in known:
                 raise ConfigError(source, key, _unknown_key_hint(key, known))
-            values[key] = KEY_CHECKS[key](source, key, raw)
+            values[key] = KEY_CHECKS[key](source, key, raw, BOUNDS.get(key))
         config = cls(source=source, **values)
         config._check_combinations()
         return config
@@ -189,6 +194,14 @@ class EICConfig:
                 "block_nbytes",
                 f"{self.block_nbytes} exceeds max_value_bytes ({self.max_value_bytes})",
             )
+
+
+# Derived from the declarations above: the check of every key, and the bounds
+# of every number and size.
+KEY_CHECKS = {f.name: f.metadata["check"] for f in dataclasses.fields(EICConfig) if "check" in f.metadata}
+BOUNDS: dict[str, Bounds] = {
+    f.name: f.metadata["bounds"] for f in dataclasses.fields(EICConfig) if f.metadata.get("bounds") is not None
+}
 
 
 def config_path_from_env(environ: Mapping[str, str] | None = None) -> str:

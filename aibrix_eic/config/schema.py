@@ -1,8 +1,12 @@
-"""How each config value is checked: the type each key takes, the bounds of
-every number, and ConfigError, worded for the person who wrote the file.
-config.py applies these to a YAML mapping."""
+"""How config values are checked: one check per kind of value, the Bounds a
+number or size may take, `config_key()` to declare a key with both, and ConfigError,
+worded for the person who wrote the file. Each key is declared once, as an
+EICConfig field (config/__init__.py), which derives KEY_CHECKS and BOUNDS."""
 
+import dataclasses
 import math
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 from ..util.units import exact_size_text, parse_size
@@ -21,68 +25,68 @@ class ConfigError(ValueError):
 
 GiB = 1024**3
 
-# Inclusive (lowest, highest) of every numeric key. Wide enough for any real
-# deployment, narrow enough that no value can overflow a thread join, a sleep
-# or a pool, or start thousands of threads. docs/config.md states each one.
-BOUNDS: dict[str, tuple[int | float, int | float]] = {
-    "eic_thread_num": (1, 1024),
-    "eic_kv_ttl": (-1, 2**31 - 1),
-    "batch_keys": (1, 65536),
-    "batch_bytes": (1, 64 * GiB),
-    "get_timeout_ms": (0.001, 3_600_000),
-    "put_timeout_ms": (0.001, 3_600_000),
-    "exists_timeout_ms": (0.001, 3_600_000),
-    "delete_timeout_ms": (0.001, 3_600_000),
-    "retry_attempts": (0, 100),
-    "retry_backoff_ms": (0.001, 60_000),
-    "retry_backoff_max_ms": (0.001, 60_000),
-    "breaker_failures": (1, 1_000_000),
-    "probe_interval_s": (0.001, 3600),
-    "warmup_keys": (0, 65536),
-    "warmup_timeout_ms": (0.001, 3_600_000),
-    "max_value_bytes": (1, 4 * GiB),
-    "block_nbytes": (1, 4 * GiB),
-    "metrics_port": (1, 65535),
-    "write_behind_max_bytes": (1, 1024 * GiB),
-    "write_behind_max_age_ms": (0.001, 3_600_000),
-    "write_behind_close_timeout_ms": (0.001, 3_600_000),
-}
-_SIZE_KEYS = frozenset({"batch_bytes", "max_value_bytes", "block_nbytes", "write_behind_max_bytes"})
+
+@dataclass(frozen=True)
+class Bounds:
+    """Inclusive (low, high) of a numeric key. Wide enough for any real
+    deployment, narrow enough that no value can overflow a thread join, a
+    sleep or a pool, or start thousands of threads. docs/config.md states
+    each one as str(bounds) writes it."""
+
+    low: int | float
+    high: int | float
+    size: bool = False  # written with units (4MiB) rather than as a number
+
+    def text(self, limit: int | float) -> str:
+        if self.size:
+            return exact_size_text(int(limit))
+        return str(int(limit)) if float(limit).is_integer() else str(limit)
+
+    def __str__(self) -> str:
+        return f"{self.text(self.low)} to {self.text(self.high)}"
 
 
-def bound_text(key: str) -> str:
-    """The range of a numeric key as docs/config.md writes it."""
-    low, high = BOUNDS[key]
-    return f"{_limit_text(key, low)} to {_limit_text(key, high)}"
+# A check turns a raw YAML value into the key's value, or raises ConfigError.
+Check = Callable[[str, str, Any, "Bounds | None"], Any]
 
 
-def _limit_text(key: str, limit: int | float) -> str:
-    if key in _SIZE_KEYS:
-        return exact_size_text(int(limit))
-    return str(int(limit)) if float(limit).is_integer() else str(limit)
+def config_key(default: Any, check: Check, bounds: Bounds | None = None) -> Any:
+    """Declare a config key (an EICConfig field): its default, its check, and
+    its Bounds when it is a number or a size."""
+    return dataclasses.field(default=default, metadata={"check": check, "bounds": bounds})
+
+
+def sizes(low: int, high: int) -> Bounds:
+    return Bounds(low, high, size=True)
 
 
 def _type_name(raw: Any) -> str:
     return "null" if raw is None else type(raw).__name__
 
 
-def _at_most(source: str, key: str, value: int | float, shown: Any) -> None:
-    high = BOUNDS[key][1]
-    if value > high:
-        raise ConfigError(source, key, f"expected at most {_limit_text(key, high)}, got {shown!r}")
+def _bounds(key: str, bounds: Bounds | None) -> Bounds:
+    if bounds is None:  # a declaration mistake, caught by the config tests
+        raise TypeError(f"config key {key} is declared without the bounds its check needs")
+    return bounds
 
 
-def _int(source: str, key: str, raw: Any) -> int:
+def _at_most(source: str, key: str, value: int | float, shown: Any, bounds: Bounds) -> None:
+    if value > bounds.high:
+        raise ConfigError(source, key, f"expected at most {bounds.text(bounds.high)}, got {shown!r}")
+
+
+def integer(source: str, key: str, raw: Any, bounds: Bounds | None) -> int:
+    bounds = _bounds(key, bounds)
     if isinstance(raw, bool) or not isinstance(raw, int):
         raise ConfigError(source, key, f"expected an integer, got {_type_name(raw)} {raw!r}")
-    low = BOUNDS[key][0]
-    if raw < low:
-        raise ConfigError(source, key, f"expected an integer >= {low}, got {raw}")
-    _at_most(source, key, raw, raw)
+    if raw < bounds.low:
+        raise ConfigError(source, key, f"expected an integer >= {bounds.low}, got {raw}")
+    _at_most(source, key, raw, raw, bounds)
     return raw
 
 
-def _positive_number(source: str, key: str, raw: Any) -> float:
+def positive_number(source: str, key: str, raw: Any, bounds: Bounds | None) -> float:
+    bounds = _bounds(key, bounds)
     if isinstance(raw, str):  # YAML 1.1 reads 1e3 (no dot) as a string
         try:
             raw = float(raw)
@@ -94,29 +98,28 @@ def _positive_number(source: str, key: str, raw: Any) -> float:
         raise ConfigError(source, key, f"expected a finite number, got {raw}")
     if raw <= 0:
         raise ConfigError(source, key, f"expected a number > 0, got {raw}")
-    _at_most(source, key, raw, raw)  # before float(): a YAML int can exceed any float
-    low = BOUNDS[key][0]
-    if raw < low:
-        raise ConfigError(source, key, f"expected at least {_limit_text(key, low)}, got {raw}")
+    _at_most(source, key, raw, raw, bounds)  # before float(): a YAML int can exceed any float
+    if raw < bounds.low:
+        raise ConfigError(source, key, f"expected at least {bounds.text(bounds.low)}, got {raw}")
     return float(raw)
 
 
-def _str(source: str, key: str, raw: Any) -> str:
+def string(source: str, key: str, raw: Any, _bounds: Bounds | None = None) -> str:
     if not isinstance(raw, str):
         raise ConfigError(source, key, f"expected a string, got {_type_name(raw)} {raw!r}")
     return raw
 
 
-def _optional_str(source: str, key: str, raw: Any) -> str | None:
+def optional_string(source: str, key: str, raw: Any, _bounds: Bounds | None) -> str | None:
     if raw is None or raw == "":
         return None
-    return _str(source, key, raw)
+    return string(source, key, raw)
 
 
 MODEL_ID_MAX = 256
 
 
-def _model_id(source: str, key: str, raw: Any) -> str | None:
+def model_name(source: str, key: str, raw: Any, _bounds: Bounds | None) -> str | None:
     if raw is None:
         return None
     if not isinstance(raw, str):  # a YAML number would lose digits (3.10 -> 3.1)
@@ -137,8 +140,8 @@ TRANSPORT_TYPES = {0: "TCP", 2: "RDMA", 3: "GDR"}
 LOG_LEVELS = (0, 1, 2, 3, 4)
 
 
-def _one_of(choices: str, allowed) -> Any:
-    def check(source: str, key: str, raw: Any) -> int:
+def _one_of(choices: str, allowed: Collection[int]) -> Check:
+    def check(source: str, key: str, raw: Any, _bounds: Bounds | None) -> int:
         if isinstance(raw, bool) or not isinstance(raw, int):
             raise ConfigError(source, key, f"expected an integer, got {_type_name(raw)} {raw!r}")
         if raw not in allowed:
@@ -148,26 +151,27 @@ def _one_of(choices: str, allowed) -> Any:
     return check
 
 
-_transport_type = _one_of(", ".join(f"{n} ({name})" for n, name in TRANSPORT_TYPES.items()), TRANSPORT_TYPES)
-_log_level = _one_of(", ".join(map(str, LOG_LEVELS)), LOG_LEVELS)
+transport_type = _one_of(", ".join(f"{n} ({name})" for n, name in TRANSPORT_TYPES.items()), TRANSPORT_TYPES)
+log_level = _one_of(", ".join(map(str, LOG_LEVELS)), LOG_LEVELS)
 
 
 PUT_MODES = ("write_behind", "coalesce", "direct")
 
 
-def _put_mode(source: str, key: str, raw: Any) -> str:
+def put_mode(source: str, key: str, raw: Any, _bounds: Bounds | None) -> str:
     if raw not in PUT_MODES:
         raise ConfigError(source, key, f"expected one of {', '.join(PUT_MODES)}, got {_type_name(raw)} {raw!r}")
     return raw
 
 
-def _bool(source: str, key: str, raw: Any) -> bool:
+def boolean(source: str, key: str, raw: Any, _bounds: Bounds | None) -> bool:
     if not isinstance(raw, bool):
         raise ConfigError(source, key, f"expected true or false, got {_type_name(raw)} {raw!r}")
     return raw
 
 
-def _size(source: str, key: str, raw: Any) -> int:
+def size(source: str, key: str, raw: Any, bounds: Bounds | None) -> int:
+    bounds = _bounds(key, bounds)
     if isinstance(raw, bool) or not isinstance(raw, (int, str)):
         raise ConfigError(source, key, f"expected a size such as 4MiB or 4194304, got {_type_name(raw)} {raw!r}")
     try:
@@ -176,51 +180,13 @@ def _size(source: str, key: str, raw: Any) -> int:
         raise ConfigError(source, key, str(e)) from None
     if nbytes <= 0:
         raise ConfigError(source, key, f"expected a size > 0, got {raw!r}")
-    _at_most(source, key, nbytes, raw)
+    _at_most(source, key, nbytes, raw, bounds)
     return nbytes
 
 
-def _optional_size(source: str, key: str, raw: Any) -> int | None:
-    return None if raw is None else _size(source, key, raw)
+def optional_size(source: str, key: str, raw: Any, bounds: Bounds | None) -> int | None:
+    return None if raw is None else size(source, key, raw, bounds)
 
 
-def _optional_int(source: str, key: str, raw: Any) -> int | None:
-    return None if raw is None else _int(source, key, raw)
-
-
-KEY_CHECKS = {
-    "remote_url": _str,
-    "eic_instance_id": _str,
-    "eic_thread_num": _int,
-    "eic_log_dir": _optional_str,
-    "eic_log_level": _log_level,
-    "eic_trans_type": _transport_type,
-    "eic_kv_ttl": _int,
-    "eic_kv_ns": _str,
-    "eic_flag_file": _optional_str,
-    "batch_keys": _int,
-    "batch_bytes": _size,
-    "get_timeout_ms": _positive_number,
-    "put_timeout_ms": _positive_number,
-    "exists_timeout_ms": _positive_number,
-    "delete_timeout_ms": _positive_number,
-    "retry_attempts": _int,
-    "retry_backoff_ms": _positive_number,
-    "retry_backoff_max_ms": _positive_number,
-    "breaker_failures": _int,
-    "probe_interval_s": _positive_number,
-    "fail_open": _bool,
-    "warmup_keys": _int,
-    "warmup_timeout_ms": _positive_number,
-    "require_registration": _bool,
-    "put_registered": _bool,
-    "max_value_bytes": _size,
-    "block_nbytes": _optional_size,
-    "metrics": _bool,
-    "metrics_port": _optional_int,
-    "model_id": _model_id,
-    "put_mode": _put_mode,
-    "write_behind_max_bytes": _size,
-    "write_behind_max_age_ms": _positive_number,
-    "write_behind_close_timeout_ms": _positive_number,
-}
+def optional_integer(source: str, key: str, raw: Any, bounds: Bounds | None) -> int | None:
+    return None if raw is None else integer(source, key, raw, bounds)

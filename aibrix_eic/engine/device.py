@@ -10,8 +10,12 @@ registrations, so plain host use of the engine never loads it.
 """
 
 import ctypes
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 
 def is_device_memory(addr: int, nbytes: int) -> bool:
@@ -34,7 +38,7 @@ class _CudaBytes:
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (addr, False), "version": 2}
 
 
-def device_bytes(addr: int, nbytes: int):
+def device_bytes(addr: int, nbytes: int) -> "torch.Tensor":
     """A uint8 torch tensor over device memory at addr (no copy)."""
     import torch
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
+from ..util.flags import parse_flag
 from ..util.units import exact_size_text, parse_duration, parse_size
 from .store import MEXIST_MISS_READINGS, Store
 from .store_api import StoreApi
@@ -35,15 +36,6 @@ if TYPE_CHECKING:
 MAX_CAPACITY = 1024**5  # 1 PiB
 MAX_VALUE = 4 * 1024**3
 MAX_LATENCY_S = 3600.0
-
-
-def _parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"expected true or false, got {text!r}")
 
 
 def _parse_rate(text: str) -> float:
@@ -98,7 +90,7 @@ ENDPOINT_PARAMS: dict[str, Callable[[str], Any]] = {
     "latency": _parse_latency,
     "fail_rate": _parse_rate,
     "key_fail_rate": _parse_rate,
-    "unreachable": _parse_bool,
+    "unreachable": parse_flag,
     "phantom_rate": _parse_rate,
     "gdr_write_fail_rate": _parse_rate,
     "mexist_miss": _parse_mexist_miss,

@@ -8,12 +8,16 @@ import hashlib
 import math
 import os
 import struct
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import lmdb
 import numpy as np
 
 from . import device
+
+if TYPE_CHECKING:
+    from .shared_store import SharedStore
 
 META = struct.Struct("<QdQ")  # seq, expires_at (inf: never), nbytes
 SEQ = struct.Struct(">Q")  # big-endian: LMDB's byte order is the seq order
@@ -57,7 +61,7 @@ def caller_memory(addr: int, nbytes: int) -> memoryview:
     return memoryview((ctypes.c_char * nbytes).from_address(addr)).cast("B")
 
 
-def source_bytes(addr: int, nbytes: int, on_device: bool):
+def source_bytes(addr: int, nbytes: int, on_device: bool) -> Any:  # a buffer: memoryview or ndarray
     """What put_many stores from a caller buffer: device memory is first
     copied to the host (never read by a host memmove)."""
     if not on_device:
@@ -70,7 +74,7 @@ def source_bytes(addr: int, nbytes: int, on_device: bool):
 class Writer:
     """One write transaction's view of the bookkeeping; save() writes it back."""
 
-    def __init__(self, txn: lmdb.Transaction, store) -> None:  # a SharedStore
+    def __init__(self, txn: lmdb.Transaction, store: "SharedStore") -> None:
         self.txn = txn
         self.dbs = store._dbs
         self.stats = store.stats
@@ -80,7 +84,7 @@ class Writer:
         self.seq = self._count(txn.get(b"seq", db=info), 0)
 
     @staticmethod
-    def _count(raw, default: int) -> int:
+    def _count(raw: bytes | memoryview | None, default: int) -> int:
         return default if raw is None else COUNT.unpack(raw)[0]
 
     def save(self) -> None:

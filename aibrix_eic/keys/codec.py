@@ -23,6 +23,7 @@ Keys use only ``[A-Za-z0-9_~.-]`` and are at most MAX_KEY_LEN characters.
 
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 VERSION = "e2"
@@ -81,7 +82,7 @@ class KeyCodec:
             return self.prefix + "r" + key.hex()
         return self.prefix + "h" + hashlib.blake2b(key, digest_size=KEY_DIGEST_BYTES).hexdigest()
 
-    def encode_many(self, keys) -> list[str]:
+    def encode_many(self, keys: Sequence[bytes]) -> list[str]:
         prefix_raw, prefix_hashed = self.prefix + "r", self.prefix + "h"
         blake2b = hashlib.blake2b
         return [

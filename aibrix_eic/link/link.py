@@ -1,7 +1,7 @@
 """The link to EIC: one SDK client and its memory registrations, the thread
-pools that run SDK calls, the circuit breaker (its probe is in probe.py),
-and the one path every data-path SDK call takes (`call`, `usable`,
-`deadline_passed`).
+pools that run SDK calls, the circuit breaker (its probe is in probe.py).
+What a request does with them, the one path every data-path SDK call takes
+(`usable`, `call`, `send`, `deadline_passed`), is the base class, in calls.py.
 
 Everything here changes under one state lock: open and close, a probe
 swapping in a new client, register_slabs. Requests read `session` once and
@@ -11,7 +11,6 @@ use that object to the end, so a swap never changes a client under a call.
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -20,11 +19,12 @@ from aibrix_kvcache.status import Status, StatusCodes
 from ..config import ConfigError, EICConfig
 from ..observability.counters import Counters
 from ..observability.logs import RateLimitedLogger
+from .calls import LinkCalls
 from .pool import PriorityThreadPool
 from .probe import Recovery, warm_up
 from .regions import RegisteredRegions
-from .resilience import BreakerState, CircuitBreaker, Prober
-from .sdk import CallResult, SdkClient
+from .resilience import BreakerState, CircuitBreaker, ExponentialBackoff, Prober
+from .sdk import SdkClient
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class Session:
     regions: set[tuple[int, int]] = dataclasses.field(default_factory=set)  # registered on it
 
 
-class Link:
+class Link(LinkCalls):
     def __init__(
         self,
         config: EICConfig,
@@ -53,6 +53,7 @@ class Link:
         self._key_prefix = key_prefix
         self._counters = counters
         self._rate_log = rate_log
+        self._backoff = ExponentialBackoff(config.retry_backoff_ms / 1000, config.retry_backoff_max_ms / 1000)
         self.metrics = counters.metrics
         self.regions = RegisteredRegions()
         self.state_lock = threading.RLock()
@@ -201,48 +202,3 @@ class Link:
             self._prober.wake()
         else:
             logger.warning("EIC circuit CLOSED for %s: EIC answers again, cache resumed", self._config.remote_url)
-
-    # ------------------------------------------------ the data path's calls
-    def usable(self, pool: str = "data", count: bool = True) -> tuple[Session, PriorityThreadPool] | None:
-        """The session and the pool ("data" or "meta") a request may use now,
-        or None while the circuit is open or the link is down, counted as a
-        fast failure unless `count` is False (the flusher's watcher asking).
-        Every path asks this one question; while EIC is down it is a
-        request's whole cost."""
-        session = self.session
-        chosen = self.data_pool if pool == "data" else self.meta_pool
-        if self.breaker.tripped or session is None or chosen is None:
-            if count:
-                self._counters.add(fast_fails=1)
-            return None
-        return session, chosen
-
-    def call(self, op: str, fn: Callable[..., CallResult], *args) -> CallResult:
-        """Run one SDK call of the data path (`op`: get, put, exists, delete):
-        counted in the sdk_calls series and the in-flight gauge, and its reply
-        observed by the breaker. Every data-path SDK call goes through here;
-        probes and the warm-up do not (they judge the breaker, not feed it)."""
-        metrics = self.metrics
-        metrics.call_started(op)
-        try:
-            result = fn(*args)
-        finally:
-            metrics.call_finished()
-        self.observe(result)
-        return result
-
-    def deadline_passed(self, op: str, timeout_ms: float, what: str | None = None) -> None:
-        """A request's (or a flush round's) deadline passed before its SDK
-        calls answered: counted, a breaker failure, and a rate-limited warning."""
-        self._counters.add(timeouts=1)
-        self.breaker.record_failure(f"{op} exceeded {op}_timeout_ms={timeout_ms:g}")
-        what = what or op
-        self._rate_log.log(f"{what}-timeout", logging.WARNING, "EIC %s exceeded %s_timeout_ms=%g", what, op, timeout_ms)
-
-    def observe(self, result: CallResult) -> None:
-        """Breaker accounting for one SDK reply."""
-        if result.whole_call_failed:
-            self.breaker.record_failure(result.detail)
-            self._rate_log.log("call-failed", logging.WARNING, "EIC call failed: %s", result.detail)
-        else:
-            self.breaker.record_success()

@@ -14,6 +14,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 from ..config import ConfigError, EICConfig
 
@@ -70,14 +71,14 @@ class CallResult:
     whole_call_failed: bool  # every key FAIL: a sign the service is down
     detail: str  # what the SDK said, for logs and error messages
     # mset keys refused with GDR_TRANSFER_ERROR: their registered transfer
-    # failed, and the same bytes sent unregistered may pass (request/dispatch.py)
+    # failed, and the same bytes sent unregistered may pass (link/calls.py)
     gdr_refused: tuple[int, ...] = ()
 
 
 class SdkClient:
     """One initialised `eic.Client` and the options every call reuses."""
 
-    def __init__(self, module: ModuleType, client, config: EICConfig) -> None:
+    def __init__(self, module: ModuleType, client: Any, config: EICConfig) -> None:
         self._eic = module
         self._client = client
         self._success = module.StatusCode.SUCCESS
@@ -135,7 +136,7 @@ class SdkClient:
         return sdk_client, ""
 
     # ------------------------------------------------------------- calls
-    def _interpret(self, op: str, status, outcome, nkeys: int) -> CallResult:
+    def _interpret(self, op: str, status: Any, outcome: Any, nkeys: int) -> CallResult:
         codes = list(getattr(outcome, "status_codes", None) or [])
         if len(codes) != nkeys:
             # Without one code per key nothing can be confirmed, so nothing
@@ -161,12 +162,12 @@ class SdkClient:
             detail = f"{op} {status} " + _code_summary(codes)
         return CallResult(outcomes, whole_call_failed, detail)
 
-    def _keys(self, keys: Sequence[str]):
+    def _keys(self, keys: Sequence[str]) -> Any:
         vector = self._eic.StringVector()
         vector.extend(keys)
         return vector
 
-    def _buffers(self, buffers: Sequence[tuple[int, int, bool]]):
+    def _buffers(self, buffers: Sequence[tuple[int, int, bool]]) -> Any:
         iobufs = self._eic.IOBuffers()
         for addr, length, registered in buffers:
             iobufs.append(addr, length, registered)
@@ -179,7 +180,7 @@ class SdkClient:
             return CallResult([FAIL] * len(keys), True, f"mset raised {e!r}")
         return self._with_gdr_refusals(self._interpret("mset", status, outcome, len(keys)), outcome)
 
-    def _with_gdr_refusals(self, result: CallResult, outcome) -> CallResult:
+    def _with_gdr_refusals(self, result: CallResult, outcome: Any) -> CallResult:
         """Note the keys refused with GDR_TRANSFER_ERROR. A reply naming that
         code answered per key, so it is no sign that EIC is down."""
         if FAIL not in result.outcomes or self._gdr_transfer_error is None:
@@ -251,7 +252,7 @@ class SdkClient:
         return ok, "" if ok else f"register_memory returned False for {len(regions)} regions ({total} bytes)"
 
 
-def _code_summary(codes) -> str:
+def _code_summary(codes: Sequence[Any]) -> str:
     counts: dict[str, int] = {}
     for code in codes:
         name = str(code)

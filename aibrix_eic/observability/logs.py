@@ -58,7 +58,7 @@ class RateLimitedLogger:
         self._last: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
 
-    def log(self, kind: str, level: int, msg: str, *args) -> None:
+    def log(self, kind: str, level: int, msg: str, *args: object) -> None:
         if not self._logger.isEnabledFor(level):
             return
         now = time.monotonic()

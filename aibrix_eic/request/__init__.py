@@ -1,1 +1,1 @@
-"""One AIBrix request on its way to EIC: checks, region holds, the direct path, dispatch, statuses, exists."""
+"""One AIBrix request on its way to EIC: checks and region holds, the direct path, dispatch, statuses, exists."""

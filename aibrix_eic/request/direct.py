@@ -1,5 +1,5 @@
 """Requests sent straight to EIC: the request's own references on its
-memory (holds.py), its SDK calls (dispatch.py) and the Statuses AIBrix
+memory (checks.py's hold), its SDK calls (dispatch.py) and the Statuses AIBrix
 sees (statuses.py). The connector sends gets here (with put_mode write_behind
 or coalesce, only the keys no pending write answers), puts with put_mode
 direct, and deletes with put_mode direct.
@@ -13,11 +13,11 @@ from aibrix_kvcache.status import Status
 
 from ..aibrix_compat.tokens import restore_tokens
 from ..keys.codec import KeyCodec
+from ..link.calls import DELETE, GET, PUT
 from ..link.link import Session
 from ..link.runtime import Runtime
-from .checks import BlockChecker, eic_keys
-from .dispatch import DELETE, GET, PUT, Chunk, Dispatcher, OutlivedCall
-from .holds import hold, release
+from .checks import BlockChecker, eic_keys, hold, release
+from .dispatch import Chunk, Dispatcher, OutlivedCall
 from .statuses import FAST_MISS, close_after, key_statuses, put_outcome, unloaded_reasons
 
 

@@ -1,6 +1,7 @@
 """Dispatch: a request's keys split into SDK calls (chunks) of at most
 `batch_keys` keys and `batch_bytes` bytes, run concurrently on the link's
-pools under one deadline, with bounded retries of failed keys.
+pools under one deadline; each call takes the link's one path with its
+bounded retries of failed keys (`Link.send`, link/calls.py).
 
 Memory safety: a chunk holds a reference on each memory region it may touch
 from the moment it is built until its SDK call has returned, however late.
@@ -8,20 +9,15 @@ Chunks still queued at the deadline are cancelled and never touch memory.
 """
 
 import asyncio
-import logging
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 
 from aibrix_kvcache.memory import MemoryRegion
 
-from ..config import EICConfig
-from ..link.pool import GET_PRIORITY, PUT_PRIORITY
-from ..link.resilience import Deadline, ExponentialBackoff
+from ..link.calls import Operation
+from ..link.resilience import Deadline
 from ..link.runtime import Runtime
-from ..link.sdk import FAIL, CallResult, Outcome, SdkClient
-from .statuses import failed, failed_before_first_miss
+from ..link.sdk import Outcome, SdkClient
 
 
 class Chunk:
@@ -49,50 +45,16 @@ class Chunk:
             self.release()
 
 
-SdkCall = Callable[[SdkClient, list[str], list], CallResult]
 OutlivedCall = Callable[[list[str], Future], None]
-
-
-@dataclass(frozen=True)
-class Operation:
-    """How one kind of request is dispatched."""
-
-    name: str  # "get", "put", "delete": also the `<name>_timeout_ms` key
-    call: SdkCall
-    retryable: Callable[[list[Outcome]], list[int]]
-    metadata: bool = False  # on the small metadata pool, not the data pool
-    priority: int = GET_PRIORITY
-    resend_unregistered: bool = False  # keys refused with GDR_TRANSFER_ERROR go again unregistered
-
-    def timeout_ms(self, config: EICConfig) -> float:
-        return getattr(config, f"{self.name}_timeout_ms")
-
-
-GET = Operation("get", lambda client, keys, buffers: client.mget(keys, buffers), failed_before_first_miss)
-PUT = Operation(
-    "put",
-    lambda client, keys, buffers: client.mset(keys, buffers),
-    failed,
-    priority=PUT_PRIORITY,
-    resend_unregistered=True,
-)
-DELETE = Operation("delete", lambda client, keys, _: client.mdel(keys), failed, metadata=True)
 
 
 class Dispatcher:
     def __init__(self, rt: Runtime) -> None:
         self._config = rt.config
         self._link = rt.link
-        self._counters = rt.counters
-        self._rate_log = rt.rate_log
-        config = rt.config
-        self._backoff = ExponentialBackoff(config.retry_backoff_ms / 1000, config.retry_backoff_max_ms / 1000)
 
     def chunks(self, eic_keys: list[str], buffers: list | None, mrs: Sequence[MemoryRegion] | None) -> list[Chunk]:
-        step = self._config.batch_keys
-        if buffers:
-            # Big blocks: several calls, so their copies run on several threads.
-            step = max(1, min(step, self._config.batch_bytes // buffers[0][1]))
+        step = self._link.keys_per_call(buffers[0][1] if buffers else 0)
         return [
             Chunk(
                 eic_keys[start : start + step],
@@ -143,84 +105,10 @@ class Dispatcher:
             self._link.deadline_passed(op.name, timeout_ms)
         return timeout_ms
 
-    def run_here(self, op: Operation, client: SdkClient, chunk: Chunk, deadline: Deadline) -> None:
-        """Run one chunk, with its retries, on the calling thread (a pool
-        thread already: the write-behind flusher's tasks)."""
-        self._run_chunk(op, client, chunk, deadline)
-
     def _run_chunk(self, op: Operation, client: SdkClient, chunk: Chunk, deadline: Deadline) -> None:
         try:
-            self._call_with_retry(op, client, chunk, deadline)
-        except BaseException as e:  # a bug here must still yield an answer
-            self._rate_log.log("chunk-internal", logging.ERROR, "EIC call failed internally: %r", e)
-            chunk.detail = f"internal error {e!r}"
-            chunk.outcomes = [FAIL] * len(chunk.keys)
+            result = self._link.send(op, client, chunk.keys, chunk.buffers, deadline)
+            chunk.detail = result.detail
+            chunk.outcomes = list(result.outcomes)  # last: readers take outcomes as "call finished"
         finally:
             chunk.release()
-
-    def _call_with_retry(self, op: Operation, client: SdkClient, chunk: Chunk, deadline: Deadline) -> None:
-        """Run one SDK call, then re-send keys it failed (never misses) while
-        the retry budget, the deadline and the breaker allow."""
-        link = self._link
-        result = link.call(op.name, op.call, client, chunk.keys, chunk.buffers)
-        if result.gdr_refused and op.resend_unregistered:
-            result = self._resend_unregistered(op, client, chunk, None, result, deadline)
-        outcomes, detail = list(result.outcomes), result.detail
-        for attempt in range(1, self._config.retry_attempts + 1):
-            again = op.retryable(outcomes)
-            if not again or link.breaker.tripped:
-                break
-            delay = self._backoff.compute(attempt)
-            if deadline.remaining() <= delay:
-                break
-            time.sleep(delay)
-            self._counters.add(retries=len(again))
-            buffers = [chunk.buffers[i] for i in again] if chunk.buffers else []
-            result = link.call(op.name, op.call, client, [chunk.keys[i] for i in again], buffers)
-            if result.gdr_refused and op.resend_unregistered:
-                result = self._resend_unregistered(op, client, chunk, again, result, deadline)
-            for j, i in enumerate(again):
-                outcomes[i] = result.outcomes[j]
-            detail = result.detail
-        chunk.detail = detail
-        chunk.outcomes = outcomes  # last: readers take outcomes as "call finished"
-
-    def _resend_unregistered(
-        self,
-        op: Operation,
-        client: SdkClient,
-        chunk: Chunk,
-        sent: list[int] | None,
-        result: CallResult,
-        deadline: Deadline,
-    ) -> CallResult:
-        """Send again, at once and unregistered, the registered writes of
-        `result` (for the chunk's keys at `sent`, None for all) that EIC
-        refused with GDR_TRANSFER_ERROR: the registered transfer path failed,
-        not the store. Their later retries stay unregistered too."""
-        positions = []  # into result
-        for j in result.gdr_refused:
-            i = j if sent is None else sent[j]
-            addr, nbytes, registered = chunk.buffers[i]
-            if registered:
-                chunk.buffers[i] = (addr, nbytes, False)
-                positions.append(j)
-        if not positions or self._link.breaker.tripped or deadline.expired():
-            return result
-        indices = positions if sent is None else [sent[j] for j in positions]
-        self._counters.add(gdr_resends=len(indices))
-        self._rate_log.log(
-            "gdr-resend",
-            logging.WARNING,
-            "EIC refused %d registered writes with GDR_TRANSFER_ERROR; re-sending them unregistered "
-            "(put_registered: false skips the registered attempt)",
-            len(indices),
-        )
-        resent = self._link.call(
-            op.name, op.call, client, [chunk.keys[i] for i in indices], [chunk.buffers[i] for i in indices]
-        )
-        outcomes = list(result.outcomes)
-        for k, j in enumerate(positions):
-            outcomes[j] = resent.outcomes[k]
-        detail = f"{result.detail}; re-sent unregistered: {resent.detail}"
-        return CallResult(outcomes, result.whole_call_failed and resent.whole_call_failed, detail)

@@ -16,6 +16,7 @@ import functools
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 from aibrix_kvcache.status import Status, StatusCodes
 
@@ -23,6 +24,9 @@ from ..link.link import Session
 from ..link.runtime import Runtime
 from ..link.sdk import HIT, MISS, CallResult
 from .statuses import FAST_MISS, NOT_FOUND, OK, request_outcome
+
+if TYPE_CHECKING:
+    from ..observability.metrics import ConnectorMetrics, NoMetrics
 
 
 class ExistsBatcher:
@@ -114,7 +118,9 @@ class ExistsBatcher:
         )
 
 
-def count_round(metrics, waiters: Sequence[asyncio.Future], start: int, end: int, future: Future) -> None:
+def count_round(
+    metrics: "ConnectorMetrics | NoMetrics", waiters: Sequence[asyncio.Future], start: int, end: int, future: Future
+) -> None:
     """The outcome of each exists() one mexist round answers (those the
     deadline has not answered already), counted in bulk, not per call."""
     try:

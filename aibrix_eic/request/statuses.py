@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from aibrix_kvcache.status import Status, StatusCodes
 
-from ..link.sdk import FAIL, HIT, MISS, Outcome
+from ..link.sdk import HIT, MISS, Outcome
 
 OK = Status.ok()
 NOT_FOUND = Status(StatusCodes.NOT_FOUND)
@@ -94,18 +94,6 @@ def put_outcome(statuses: list[Status], first_bad: int) -> tuple[list[Status] | 
         reason.error_code,
         f"{nkeys - stored} of {nkeys} blocks not stored; first is block {first_bad}: {reason.value}",
     ), stored
-
-
-def failed_before_first_miss(outcomes: list[Outcome]) -> list[int]:
-    """Get retry rule: keys after a miss cannot be reported loaded, so
-    refetching them is waste."""
-    end = outcomes.index(MISS) if MISS in outcomes else len(outcomes)
-    return [i for i in range(end) if outcomes[i] == FAIL]
-
-
-def failed(outcomes: list[Outcome]) -> list[int]:
-    """Put and delete retry rule: every key that failed in transit."""
-    return [i for i, outcome in enumerate(outcomes) if outcome == FAIL]
 
 
 def unloaded_reasons(chunks: Sequence[Any]) -> dict[str, int]:

@@ -36,7 +36,6 @@ from concurrent.futures import Future
 from ..link.pool import PUT_PRIORITY
 from ..link.resilience import Deadline
 from ..link.runtime import Runtime
-from ..request.dispatch import Dispatcher
 from ..util.teardown import OwnThread
 from .rounds import Drain, RoundSender
 from .table import Finished, PendingTable
@@ -47,7 +46,7 @@ TICK_S = 0.05  # how often the watcher looks at ages, lost keys and the drain
 
 
 class Flusher:
-    def __init__(self, table: PendingTable, rt: Runtime, dispatcher: Dispatcher) -> None:
+    def __init__(self, table: PendingTable, rt: Runtime) -> None:
         self._table = table
         self._config = rt.config
         self._link = rt.link
@@ -61,7 +60,7 @@ class Flusher:
         self._lost_retry_at = 0.0  # lost keys are re-deleted at most every TICK_S
         self._took_nothing_at = -1  # table.seq when a drain last found nothing it could send
         self._round_timeout_s = rt.config.put_timeout_ms / 1000
-        self._rounds = RoundSender(table, rt, dispatcher, self._run_drain, self._drain_ended)
+        self._rounds = RoundSender(table, rt, self._run_drain, self._drain_ended)
 
     @property
     def draining(self) -> bool:

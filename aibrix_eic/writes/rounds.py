@@ -1,6 +1,7 @@
 """One flush round of the write-behind flusher: its SDK calls (msets of
 queued writes, mdels of lost keys), the first on the drain's own thread and
-the others on the data pool. The entries a call carried leave the table,
+the others on the data pool, each through the link's one call path
+(`Link.send` and `Link.call`, link/calls.py: retries, metrics, breaker). The entries a call carried leave the table,
 and their regions are released, only once it returned (or was cancelled
 before it started); whichever call of the round ends last takes the drain's
 next round on its thread (flusher.py says why).
@@ -13,25 +14,25 @@ from dataclasses import dataclass
 
 from aibrix_kvcache.status import Status, StatusCodes
 
+from ..link.calls import PUT
 from ..link.link import Session
 from ..link.pool import PUT_PRIORITY, PriorityThreadPool
 from ..link.resilience import Deadline
 from ..link.runtime import Runtime
 from ..link.sdk import HIT, MISS
-from ..request.dispatch import PUT, Chunk, Dispatcher
 from .table import Entry, Finished, PendingTable
 
-SendCall = Callable[[Session, Chunk | None, list[Entry], Deadline], None]
+SendCall = Callable[[Session, list[Entry], list, Deadline], None]
 
 
 @dataclass(frozen=True)
 class RoundCall:
-    """One SDK call of a round: an mset of `chunk` for a group of writes, or
-    an mdel of a group of lost keys (no chunk)."""
+    """One SDK call of a round: an mset of a group of writes and their
+    buffers, or an mdel of a group of lost keys (no buffers)."""
 
     send: SendCall
-    chunk: Chunk | None
     group: list[Entry]
+    buffers: list
 
 
 class Drain:
@@ -67,14 +68,12 @@ class RoundSender:
         self,
         table: PendingTable,
         rt: Runtime,
-        dispatcher: Dispatcher,
         next_round: Callable[[Drain], None],
         drain_ended: Callable[[Drain], None],
     ) -> None:
         self._table = table
         self._config = rt.config
         self._link = rt.link
-        self._dispatcher = dispatcher
         self._counters = rt.counters
         self._rate_log = rt.rate_log
         self._next_round = next_round
@@ -90,14 +89,12 @@ class RoundSender:
         if writes:
             mark = session is not None and session.registration_ok and self._config.put_registered
             buffers = [(addr, nbytes, registered and mark) for addr, nbytes, registered in _buffers(writes)]
-            chunks = self._dispatcher.chunks([e.key for e in writes], buffers, ())
-            start = 0
-            for chunk in chunks:
-                calls.append(RoundCall(self._flush_chunk, chunk, writes[start : start + len(chunk.keys)]))
-                start += len(chunk.keys)
+            step = self._link.keys_per_call(buffers[0][1])
+            for start in range(0, len(writes), step):
+                calls.append(RoundCall(self._flush, writes[start : start + step], buffers[start : start + step]))
             self._counters.add(write_behind_flushes=1)
         for start in range(0, len(deletes), self._config.batch_keys):
-            calls.append(RoundCall(self._delete_lost, None, deletes[start : start + self._config.batch_keys]))
+            calls.append(RoundCall(self._delete_lost, deletes[start : start + self._config.batch_keys], []))
         if session is None or pool is None:
             for call in calls:
                 self._end(call.group, [False] * len(call.group), "not sent: the connector closed")
@@ -141,7 +138,7 @@ class RoundSender:
 
     def _run_call(self, call: RoundCall, session: Session, deadline: Deadline) -> None:
         try:
-            call.send(session, call.chunk, call.group, deadline)
+            call.send(session, call.group, call.buffers, deadline)
         except BaseException as e:  # the call's own guards ended its entries
             self._rate_log.log("wb-internal", logging.ERROR, "EIC write-behind call failed internally: %r", e)
 
@@ -151,28 +148,28 @@ class RoundSender:
             countdown.left -= 1
             return countdown.left == 0
 
-    def _flush_chunk(self, session: Session, chunk: Chunk | None, group: list[Entry], deadline: Deadline) -> None:
-        assert chunk is not None  # a write group always has its chunk
+    def _flush(self, session: Session, group: list[Entry], buffers: list, deadline: Deadline) -> None:
         try:
-            self._store(session, chunk, group, deadline)
+            self._store(session, group, buffers, deadline)
         except BaseException as e:  # a bug here must still end every entry (and release it)
             self._rate_log.log("wb-internal", logging.ERROR, "EIC write-behind flush failed internally: %r", e)
             self._end(group, [False] * len(group), f"internal error {e!r}")
 
-    def _store(self, session: Session, chunk: Chunk, group: list[Entry], deadline: Deadline) -> None:
-        self._dispatcher.run_here(PUT, session.client, chunk, deadline)
-        outcomes = chunk.outcomes or []
+    def _store(self, session: Session, group: list[Entry], buffers: list, deadline: Deadline) -> None:
+        keys = [entry.key for entry in group]
+        result = self._link.send(PUT, session.client, keys, buffers, deadline)
+        outcomes = result.outcomes
         settled = [outcome == HIT for outcome in outcomes]
         failed = [i for i, ok in enumerate(settled) if not ok]
         if failed:  # accepted early, so nobody hears of it: a lost block (a later miss)
             self._counters.add(put_failures=len(failed), write_behind_lost=sum(1 for i in failed if group[i].counted))
             if not self._link.breaker.tripped:  # clear the key: an older value must not be served
-                result = self._link.call("delete", session.client.mdel, [chunk.keys[i] for i in failed])
+                result = self._link.call("delete", session.client.mdel, [keys[i] for i in failed])
                 for j, i in enumerate(failed):
                     settled[i] = result.outcomes[j] in (HIT, MISS)
-        self._end(group, settled, f"not stored: {chunk.detail}", stored=[o == HIT for o in outcomes])
+        self._end(group, settled, f"not stored: {result.detail}", stored=[o == HIT for o in outcomes])
 
-    def _delete_lost(self, session: Session, _chunk: Chunk | None, group: list[Entry], _deadline: Deadline) -> None:
+    def _delete_lost(self, session: Session, group: list[Entry], _buffers: list, _deadline: Deadline) -> None:
         settled = [False] * len(group)
         try:
             result = self._link.call("delete", session.client.mdel, [entry.key for entry in group])

@@ -2,7 +2,7 @@
 confirmed yet, and the keys whose last write may have been lost.
 
 Bookkeeping under one lock (shared by `cond` and `wake_flusher`); no SDK
-calls. A region reference taken by the caller (request/holds.py) is
+calls. A region reference taken by the caller (request/checks.py's hold) is
 dropped here when its entry leaves the table; callers answer the waiters
 (`Finished.acks`) after letting go of the lock.
 
@@ -24,16 +24,24 @@ newer one or over the mdel.
 """
 
 import asyncio
+import enum
 import threading
 from collections.abc import Sequence
+from typing import Final, Literal
 
 from aibrix_kvcache.memory import MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes
 
-from ..request.holds import release
+from ..request.checks import release
 
 WRITE, DELETE = 0, 1
-LOST = object()  # what lookup() returns for a key that must read as a miss
+
+
+class _Lost(enum.Enum):
+    LOST = "lost"
+
+
+LOST: Final = _Lost.LOST  # what lookup() returns for a key that must read as a miss
 
 
 class Ack:
@@ -74,7 +82,16 @@ class Entry:
 
     __slots__ = ("key", "kind", "mr", "buffer", "seq", "accepted_at", "counted", "acks")
 
-    def __init__(self, key: str, kind: int, seq: int, mr=None, buffer=None, accepted_at=0.0, counted=False):
+    def __init__(
+        self,
+        key: str,
+        kind: int,
+        seq: int,
+        mr: MemoryRegion | None = None,
+        buffer: tuple[int, int, bool] | None = None,
+        accepted_at: float = 0.0,
+        counted: bool = False,
+    ) -> None:
         self.key = key
         self.kind = kind
         self.seq = seq
@@ -137,7 +154,7 @@ class PendingTable:
     def fits(self, nbytes: int, limit: int) -> bool:
         return self.counted_bytes + nbytes <= limit
 
-    def lookup(self, key: str):
+    def lookup(self, key: str) -> "Entry | Literal[_Lost.LOST] | None":
         """The newest write of key (an Entry), LOST, or None (ask EIC). A
         write in flight that a later loss overtook (a newer write dropped,
         a delete that timed out) is not served: it is not the newest."""
@@ -158,7 +175,14 @@ class PendingTable:
         return self._seq
 
     def add(
-        self, keys: Sequence[str], buffers, mrs, now: float, counted: bool, ack: Ack | None, done: Finished
+        self,
+        keys: Sequence[str],
+        buffers: Sequence[tuple[int, int, bool]],
+        mrs: Sequence[MemoryRegion],
+        now: float,
+        counted: bool,
+        ack: Ack | None,
+        done: Finished,
     ) -> None:
         """Queue one write per key (their references already taken)."""
         for key, buffer, mr in zip(keys, buffers, mrs):

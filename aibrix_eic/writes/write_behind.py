@@ -3,7 +3,7 @@ flusher sends to EIC as batched msets, in drains on the data pool that its
 watcher thread starts (flusher.py; docs/write-behind.md says why and how).
 
 - `put_mode: write_behind`: a put takes its own reference on every region
-  (request/holds.py), queues the blocks and returns OK at once; the
+  (request/checks.py's hold), queues the blocks and returns OK at once; the
   reference is dropped only once no SDK call can touch the region.
 - `put_mode: coalesce`, and any put that would take the pending bytes past
   `write_behind_max_bytes`: the put queues the same way but waits until its
@@ -17,22 +17,27 @@ flush failed reads as a miss until EIC is known not to hold an older value
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
 
 from aibrix_kvcache.memory import MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes
 
+from ..link.calls import DELETE as DELETE_OP
 from ..link.link import Session
 from ..link.resilience import Deadline
 from ..link.runtime import Runtime
-from ..request.dispatch import DELETE as DELETE_OP
+from ..request.checks import hold, release
 from ..request.dispatch import Dispatcher
-from ..request.holds import hold, release
 from ..request.statuses import NOT_FOUND, OK, close_after, key_statuses
 from ..util.device_memory import copy_region
 from .flusher import Flusher
 from .table import LOST, Ack, Finished, PendingTable
+
+# The rest of an mget over the table: EIC's answer for the keys no pending
+# write answers, and the token check of the token-validation layout.
+FromEic = Callable[[Sequence[bytes], Sequence[MemoryRegion]], Awaitable[Sequence[Status] | Status]]
+RestoreTokens = Callable[[Sequence[bytes], Sequence[MemoryRegion], list[Status], int], int]
 
 # Pending writes hold regions of AIBrix's allocator; past this share of the
 # memory registered with us (the allocator's slabs) puts wait instead, so
@@ -50,7 +55,7 @@ class WriteBehind:
         self.enabled = config.put_mode != "direct"
         self._accept_early = config.put_mode == "write_behind"
         self.table = PendingTable(config.write_behind_max_bytes, config.write_behind_max_age_ms / 1000)
-        self._flusher = Flusher(self.table, rt, dispatcher)
+        self._flusher = Flusher(self.table, rt)
         self._limit_for: tuple[int, int] = (-1, config.write_behind_max_bytes)  # (regions seen, limit)
 
     # ---------------------------------------------------------- lifecycle
@@ -185,7 +190,14 @@ class WriteBehind:
             self._counters.add(write_behind_served=sum(1 for i, _ in sources if found[i]))
         return found
 
-    async def mget(self, eic_keys: list[str], keys: Sequence[bytes], mrs: Sequence[MemoryRegion], from_eic, restore):
+    async def mget(
+        self,
+        eic_keys: list[str],
+        keys: Sequence[bytes],
+        mrs: Sequence[MemoryRegion],
+        from_eic: FromEic,
+        restore: RestoreTokens,
+    ) -> list[Status] | Status:
         """An mget over the table: accepted writes are copied from their
         regions, lost keys are misses, the rest comes from EIC
         (`from_eic(keys, mrs)`). The result is prefix-closed, and in the
@@ -194,32 +206,14 @@ class WriteBehind:
         if refused is not None:
             return refused
         try:
-            return await self._mget_held(eic_keys, keys, mrs, from_eic, restore)
+            statuses = await held_or_from_eic(self._read_held(eic_keys, mrs), keys, mrs, from_eic)
+            loaded = next((i for i, status in enumerate(statuses) if not status.is_ok()), len(keys))
+            close_after(statuses, loaded)
+            if loaded and not MemoryRegion.use_compact_layout():
+                close_after(statuses, restore(keys, mrs, statuses, loaded))
+            return statuses
         finally:
             release(mrs)
-
-    async def _mget_held(
-        self, eic_keys: list[str], keys: Sequence[bytes], mrs: Sequence[MemoryRegion], from_eic, restore
-    ) -> list[Status]:
-        found = self._read_held(eic_keys, mrs)
-        nkeys = len(keys)
-        end = found.index(False) if False in found else nkeys
-        statuses: list[Status] = [NOT_FOUND] * nkeys
-        ask = [i for i in range(end) if found[i] is None]
-        if ask:
-            answer = await from_eic([keys[i] for i in ask], [mrs[i] for i in ask])
-            if isinstance(answer, Status):
-                answer = [answer] * len(ask)
-            for j, i in enumerate(ask):
-                statuses[i] = answer[j]
-        for i in range(end):
-            if found[i]:
-                statuses[i] = OK
-        loaded = next((i for i, status in enumerate(statuses) if not status.is_ok()), nkeys)
-        close_after(statuses, loaded)
-        if loaded and not MemoryRegion.use_compact_layout():
-            close_after(statuses, restore(keys, mrs, statuses, loaded))
-        return statuses
 
     @staticmethod
     def _copy(source: MemoryRegion, dest: MemoryRegion) -> bool:
@@ -287,3 +281,24 @@ class WriteBehind:
         if dropped and status.is_not_found():
             return OK  # it existed, as a pending write
         return status
+
+
+async def held_or_from_eic(
+    found: list, keys: Sequence[bytes], mrs: Sequence[MemoryRegion], from_eic: FromEic
+) -> list[Status]:
+    """One Status per key: OK where `found` copied a held write, a miss
+    from the first lost key on, EIC's answer for the rest before it."""
+    nkeys = len(keys)
+    end = found.index(False) if False in found else nkeys
+    statuses: list[Status] = [NOT_FOUND] * nkeys
+    ask = [i for i in range(end) if found[i] is None]
+    if ask:
+        answer = await from_eic([keys[i] for i in ask], [mrs[i] for i in ask])
+        if isinstance(answer, Status):
+            answer = [answer] * len(ask)
+        for j, i in enumerate(ask):
+            statuses[i] = answer[j]
+    for i in range(end):
+        if found[i]:
+            statuses[i] = OK
+    return statuses

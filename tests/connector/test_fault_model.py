@@ -46,6 +46,20 @@ def _count(name: str, amount: int = 1) -> None:
     COVERAGE[name] = COVERAGE.get(name, 0) + amount
 
 
+def fault_rule(latencies_ms: list[int]):
+    """The set_faults rule of a machine: every fault knob of the engine, and
+    the latencies that machine wants (in ms; the deadlines are 25 ms)."""
+    return rule(
+        latency_ms=st.sampled_from(latencies_ms),
+        fail_rate=st.sampled_from([0.0, 0.0, 0.0, 0.3, 1.0]),
+        key_fail_rate=st.sampled_from([0.0, 0.0, 0.3]),
+        unreachable=st.sampled_from([False, False, False, True]),
+        phantom_rate=st.sampled_from([0.0, 0.5]),
+        gdr_write_fail_rate=st.sampled_from([0.0, 0.0, 0.5, 1.0]),
+        default_codes_fail_rate=st.sampled_from([0.0, 0.0, 0.5]),
+    )
+
+
 class FaultyConnectorMachine(RuleBasedStateMachine):
     PUT_MODE: ClassVar[dict] = {"put_mode": "direct"}
     STEPS = 25
@@ -119,62 +133,31 @@ class FaultyConnectorMachine(RuleBasedStateMachine):
     @initialize()
     def start_healthy(self) -> None:
         """Every example starts healthy, after one put that EIC refuses as a
-        registered write (GDR_TRANSFER_ERROR): the re-send unregistered runs
-        in every example, not only when the random faults happen to allow it."""
+        registered write (GDR_TRANSFER_ERROR) and one exists that EIC answers
+        FAILED with every per-key code left at SUCCESS: the re-send
+        unregistered and the untrusted codes run in every example, not only
+        when the random faults happen to allow them."""
         faults = self.store.faults
         faults.clear()
         faults.gdr_write_fail_rate = 1.0
         self.put(keys=[KEYS[0]])
         assert self.rig.conn.write_behind.wait_idle(5), "the refused write was never flushed"
         faults.clear()
+        faults.default_codes_fail_rate = 1.0
+        status = self.rig.run(self.rig.conn.exists(KEYS[1]))  # never written: only the codes could say found
+        assert not status.is_ok(), f"a FAILED mexist read as found from its default codes: {status}"
+        self._step()
+        faults.clear()
 
-    @rule(
-        latency_ms=st.sampled_from([0, 0, 1, 40]),
-        fail_rate=st.sampled_from([0.0, 0.0, 0.0, 0.3, 1.0]),
-        key_fail_rate=st.sampled_from([0.0, 0.0, 0.3]),
-        unreachable=st.sampled_from([False, False, False, True]),
-        phantom_rate=st.sampled_from([0.0, 0.5]),
-        gdr_write_fail_rate=st.sampled_from([0.0, 0.0, 0.5, 1.0]),
-        default_codes_fail_rate=st.sampled_from([0.0, 0.0, 0.5]),
-    )
-    def set_faults(
-        self,
-        latency_ms,
-        fail_rate,
-        key_fail_rate,
-        unreachable,
-        phantom_rate,
-        gdr_write_fail_rate,
-        default_codes_fail_rate,
-    ) -> None:
-        self._apply_faults(
-            latency_ms,
-            fail_rate,
-            key_fail_rate,
-            unreachable,
-            phantom_rate,
-            gdr_write_fail_rate,
-            default_codes_fail_rate,
-        )
+    @fault_rule([0, 0, 1, 40])
+    def set_faults(self, **knobs) -> None:
+        self._apply_faults(**knobs)
 
-    def _apply_faults(
-        self,
-        latency_ms,
-        fail_rate,
-        key_fail_rate,
-        unreachable,
-        phantom_rate,
-        gdr_write_fail_rate,
-        default_codes_fail_rate,
-    ):
+    def _apply_faults(self, latency_ms: int, **rates) -> None:
         faults = self.store.faults
-        faults.gdr_write_fail_rate = gdr_write_fail_rate
         faults.latency_s = latency_ms / 1000
-        faults.fail_rate = fail_rate
-        faults.key_fail_rate = key_fail_rate
-        faults.unreachable = unreachable
-        faults.phantom_rate = phantom_rate
-        faults.default_codes_fail_rate = default_codes_fail_rate
+        for knob, value in rates.items():  # fail_rate, unreachable, ...: the Faults attribute of that name
+            setattr(faults, knob, value)
         self._step()
 
     @rule()
@@ -239,36 +222,9 @@ class QueuedPutsMachine(FaultyConnectorMachine):
 
     STEPS = 40
 
-    @rule(
-        latency_ms=st.sampled_from(
-            [0, 2, 5, 10, 40]
-        ),  # mostly below the 25 ms deadlines: writes pending, reads answered
-        fail_rate=st.sampled_from([0.0, 0.0, 0.0, 0.3, 1.0]),
-        key_fail_rate=st.sampled_from([0.0, 0.0, 0.3]),
-        unreachable=st.sampled_from([False, False, False, True]),
-        phantom_rate=st.sampled_from([0.0, 0.5]),
-        gdr_write_fail_rate=st.sampled_from([0.0, 0.0, 0.5, 1.0]),
-        default_codes_fail_rate=st.sampled_from([0.0, 0.0, 0.5]),
-    )
-    def set_faults(
-        self,
-        latency_ms,
-        fail_rate,
-        key_fail_rate,
-        unreachable,
-        phantom_rate,
-        gdr_write_fail_rate,
-        default_codes_fail_rate,
-    ) -> None:
-        self._apply_faults(
-            latency_ms,
-            fail_rate,
-            key_fail_rate,
-            unreachable,
-            phantom_rate,
-            gdr_write_fail_rate,
-            default_codes_fail_rate,
-        )
+    @fault_rule([0, 2, 5, 10, 40])  # mostly below the 25 ms deadlines: writes pending, reads answered
+    def set_faults(self, **knobs) -> None:
+        self._apply_faults(**knobs)
 
     def _step(self) -> None:
         # No quiesce: writes stay queued or in flight across steps, and the

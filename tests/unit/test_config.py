@@ -1,11 +1,22 @@
 """Config loading: upstream YAML accepted unchanged, every mistake named."""
 
+import dataclasses
 import os
+import typing
+from pathlib import Path
 
 import pytest
 from harness import write_config
 
-from aibrix_eic.config import DEFAULT_SOURCE, ConfigError, EICConfig, config_path_from_env
+from aibrix_eic.config import (
+    BOUNDS,
+    DEFAULT_SOURCE,
+    KEY_CHECKS,
+    ConfigError,
+    EICConfig,
+    config_path_from_env,
+    schema,
+)
 
 UPSTREAM_YAML = """\
 remote_url: "eic://192.168.12.62:12500"
@@ -328,33 +339,60 @@ def test_values_outside_their_bounds_name_the_key_and_the_bound(tmp_path, line, 
 
 
 def test_values_at_their_bounds_are_accepted(tmp_path):
-    from aibrix_eic.config.schema import BOUNDS
-
     lines = ["remote_url: local://"]
-    for key, (_low, high) in BOUNDS.items():
+    for key, bounds in BOUNDS.items():
+        high = bounds.high
         if key in ("block_nbytes", "batch_bytes", "max_value_bytes"):
             continue  # sizes are cross-checked against each other below
         lines.append(f"{key}: {high}")
     config = load_text(tmp_path, "\n".join(lines) + "\n")
-    for key, (_, high) in BOUNDS.items():
+    for key, bounds in BOUNDS.items():
         if key not in ("block_nbytes", "batch_bytes", "max_value_bytes"):
-            assert getattr(config, key) == high
+            assert getattr(config, key) == bounds.high
     low_lines = ["remote_url: local://"] + [
-        f"{key}: {low}" for key, (low, _) in BOUNDS.items() if key not in ("retry_backoff_max_ms", "eic_kv_ttl")
+        f"{key}: {bounds.low}" for key, bounds in BOUNDS.items() if key not in ("retry_backoff_max_ms", "eic_kv_ttl")
     ]
     assert load_text(tmp_path, "\n".join(low_lines) + "\n")
 
 
-def test_every_number_key_has_its_bound_in_the_docs():
-    from pathlib import Path
-
-    from aibrix_eic.config.schema import BOUNDS, bound_text
-
+def docs_row(key: str) -> str | None:
     docs = (Path(__file__).parents[2] / "docs" / "config.md").read_text()
-    for key in BOUNDS:
-        row = next((line for line in docs.splitlines() if line.startswith(f"| `{key}` |")), None)
+    return next((line for line in docs.splitlines() if line.startswith(f"| `{key}` |")), None)
+
+
+KEYS = [field for field in dataclasses.fields(EICConfig) if field.name != "source"]
+
+
+@pytest.mark.parametrize("field", KEYS, ids=lambda field: field.name)
+def test_every_key_is_declared_with_its_check_and_documented(field):
+    assert callable(field.metadata.get("check")), f"{field.name} has no check"
+    assert KEY_CHECKS[field.name] is field.metadata["check"]
+    assert docs_row(field.name) is not None, f"docs/config.md has no row for {field.name}"
+
+
+@pytest.mark.parametrize(
+    "field",
+    [field for field in KEYS if {int, float} & {field.type, *typing.get_args(field.type)}],
+    ids=lambda field: field.name,
+)
+@pytest.mark.parametrize("value", [10**15, -(10**15)])
+def test_every_number_key_is_bounded(tmp_path, field, value):
+    """By its declared Bounds, or by its list of choices (log level, transport)."""
+    error = error_of(tmp_path, f"remote_url: local://\n{field.name}: {value}\n")
+    assert error.key == field.name
+
+
+def test_every_number_key_has_its_bound_in_the_docs():
+    assert BOUNDS, "no bounds derived from the declarations"
+    for key, bounds in BOUNDS.items():
+        row = docs_row(key)
         assert row is not None, key
-        assert bound_text(key) in row.split("|")[2], f"{key}: docs/config.md does not state {bound_text(key)!r}"
+        assert str(bounds) in row.split("|")[2], f"{key}: docs/config.md does not state {str(bounds)!r}"
+
+
+def test_a_check_that_needs_bounds_refuses_a_declaration_without_them():
+    with pytest.raises(TypeError, match="batch_keys"):
+        schema.integer("f.yaml", "batch_keys", 3, None)
 
 
 # ------------------------------------------------------------------ model_id

@@ -1,6 +1,6 @@
-"""The Status rules of outcomes.py on their own, over arbitrary outcome
-lists: what AIBrix is told per key, the prefix closure, what an mput
-returns, and which failed keys a get retries."""
+"""The Status rules of request/statuses.py on their own, over arbitrary
+outcome lists: what AIBrix is told per key, the prefix closure, what an mput
+returns; and which failed keys a call retries (link/calls.py's rules)."""
 
 from dataclasses import dataclass
 
@@ -8,13 +8,12 @@ from aibrix_kvcache.status import Status, StatusCodes
 from hypothesis import given
 from hypothesis import strategies as st
 
+from aibrix_eic.link.calls import failed, failed_before_first_miss
 from aibrix_eic.link.sdk import FAIL, HIT, MISS, REJECTED
 from aibrix_eic.request.statuses import (
     FAST_MISS,
     OK,
     close_after,
-    failed,
-    failed_before_first_miss,
     key_statuses,
     put_outcome,
     unloaded_reasons,
