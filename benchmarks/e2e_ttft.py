@@ -123,11 +123,14 @@ def run_phases(server: Server, prompts: list[list[int]], repeats: int, max_token
     out = {}
     for phase, samples in phases.items():
         ttfts = [s[0] for s in samples]
+        # each prompt's first send of this phase: for repeats, its first reload
+        firsts = ttfts[: len(prompts)]
         c = counters[phase]
         reused = max(c["aibrix_reused_tokens"], c["vllm_prefix_hit_tokens"])
         out[phase] = {
             "n": len(samples),
             "ttft_p50_s": percentile(ttfts, 50),
+            "ttft_first_p50_s": percentile(firsts, 50),
             "ttft_p90_s": percentile(ttfts, 90),
             "ttft_p99_s": percentile(ttfts, 99),
             "ttft_mean_s": statistics.fmean(ttfts),
@@ -210,6 +213,8 @@ def main() -> int:
             "connector_first_send_extra_s": results["eic"]["first"]["ttft_p50_s"] - computed,
             "computed_over_cross_reload": computed / cross,
             "cross_reload_over_same_instance_reload": cross / reload,
+            # both sides each prompt's first read in its server
+            "cross_reload_over_first_same_instance_reload": cross / results["eic"]["repeat"]["ttft_first_p50_s"],
         },
         "versions": versions(),
     }
@@ -269,7 +274,8 @@ def table(summary: dict) -> str:
         f"connector's extra cost on a first send (TTFT p50): {ratios['connector_first_send_extra_s']:+.3f} s",
         f"computed / cross-instance reload (TTFT p50): {ratios['computed_over_cross_reload']:.1f}x",
         f"cross-instance / same-instance reload (TTFT p50): "
-        f"{ratios['cross_reload_over_same_instance_reload']:.2f}x (goal <= 1.2x)",
+        f"{ratios['cross_reload_over_same_instance_reload']:.2f}x (goal <= 1.2x); against each prompt's first "
+        f"reload in the same instance: {ratios['cross_reload_over_first_same_instance_reload']:.2f}x",
         f"of a reload, the L2 -> vLLM cache copy (p50 per request): "
         f"{summary['results']['eic']['repeat']['onload_copy_ms_p50']:.1f} ms",
     ]
