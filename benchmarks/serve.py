@@ -237,9 +237,11 @@ def check_same_prompts(model_dir: Path, args: argparse.Namespace) -> None:
 
     namespace = bench_args("http://127.0.0.1:1", model_dir, args)  # no request is sent
     tokenizer = get_tokenizer(str(model_dir))
-    first, second = ([s.prompt for s in get_samples(namespace, tokenizer)] for _ in range(2))
-    if first != second:
+    first, second = (get_samples(namespace, tokenizer) for _ in range(2))
+    if [s.prompt for s in first] != [s.prompt for s in second]:
         raise SystemExit("vLLM's random dataset gave different prompts for the same seed: passes would differ")
+    # vLLM's result has no per-request input lengths unless detailed; the reuse share needs them
+    args.prompt_lens = [s.prompt_len for s in first]
 
 
 def run_pass(server: Server, model_dir: Path, args: argparse.Namespace) -> dict:
@@ -268,7 +270,8 @@ def run_pass(server: Server, model_dir: Path, args: argparse.Namespace) -> dict:
     )
     out["reused_tokens"] = max(out["aibrix_reused_tokens"], out["vllm_prefix_hit_tokens"])
     # Type1 offloads whole blocks of the prompt minus its last token: the most a pass can reuse
-    out["reusable_tokens"] = sum((n - 1) // ENGINE_BLOCK * ENGINE_BLOCK for n in result.get("input_lens", []) if n)
+    lens = result.get("input_lens") or getattr(args, "prompt_lens", [])
+    out["reusable_tokens"] = sum((n - 1) // ENGINE_BLOCK * ENGINE_BLOCK for n in lens if n)
     out["reused_fraction"] = out["reused_tokens"] / max(1, out["reusable_tokens"])
     return out
 
