@@ -56,18 +56,23 @@ def pytest_sessionfinish(session, exitstatus):
     _stop_all()
 
 
+def ready(server: Server) -> Server:
+    """Wait for /health and take the slow first request; a server that
+    fails either is stopped."""
+    try:
+        server.wait_ready()
+        server.warm_up()
+    except BaseException:
+        stop_server(server)
+        raise
+    return server
+
+
 def start_server(*args, wait: bool = True, **kwargs) -> Server:
     server = Server(*args, **kwargs)
     _live.append(server)
     server.start()
-    if wait:
-        try:
-            server.wait_ready()
-            server.warm_up()
-        except BaseException:
-            stop_server(server)
-            raise
-    return server
+    return ready(server) if wait else server
 
 
 def start_servers(*specs: dict) -> list[Server]:
@@ -77,8 +82,7 @@ def start_servers(*specs: dict) -> list[Server]:
     servers = [start_server(wait=False, **spec) for spec in specs]
     try:
         for server in servers:
-            server.wait_ready()
-            server.warm_up()
+            ready(server)
     except BaseException:
         for server in servers:
             stop_server(server)
@@ -129,13 +133,7 @@ def claim_server(name: str, model_dir: Path, workdir: Path) -> Server:
         _queue[:] = [q for q in _queue if q[1] != name]
         server = start_server(wait=False, **spec(model_dir, workdir))
     _start_next_ahead(model_dir, workdir)
-    try:
-        server.wait_ready()
-        server.warm_up()
-    except BaseException:
-        stop_server(server)
-        raise
-    return server
+    return ready(server)
 
 
 @pytest.fixture(scope="session")
@@ -199,8 +197,7 @@ def baseline(model_dir, workdir, typo_server) -> dict[str, Completion]:
     server = start_server("baseline", model_dir, workdir, connector=False, wait=False)
     _start_next_ahead(model_dir, workdir)
     try:
-        server.wait_ready()
-        server.warm_up()
+        ready(server)
         return {name: server.complete(prompt) for name, prompt in PROMPTS.items()}
     finally:
         stop_server(server)

@@ -26,6 +26,7 @@ from conftest import (
     assert_same_output,
     identity_token,
     open_line,
+    ready,
     shared_store_url,
     start_server,
     start_servers,
@@ -222,9 +223,7 @@ def stranger(replicas, model_dir, alt_model_dir, workdir, url, request) -> Serve
     server = start_server(wait=False, **_spec("cross-other-model", alt_model_dir, workdir, url, hash_seed=5))
     _live.append(server)
     request.getfixturevalue("baseline")
-    server.wait_ready()
-    server.warm_up()
-    return server
+    return ready(server)
 
 
 def test_another_model_reuses_nothing_and_computes(replicas, stranger):
