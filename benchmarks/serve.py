@@ -19,11 +19,13 @@ server at a time, so none steals another's cores. Phases:
 - `upstream`: AIBrix's own EIC connector, L1 off, with our engine bound as
   its `eic` module (our shim and vLLM plugin switched off in the server).
 - `vllm-prefix`: no connector, vLLM's prefix caching on: the ceiling.
-- controls of the L1-on cost (not in the default --phases): `l1-only`,
-  AIBrix's connector with L1 as in `eic-default` and no L2 at all; and
-  `mock-default`, the same with AIBrix's own in-memory MOCK L2 backend
-  (mput/mget) instead of ours: what AIBrix's L1 path and its per-block L2
-  puts cost with a backend that does no I/O.
+- controls (not in the default --phases): `mock`, as `eic` with AIBrix's
+  own in-memory MOCK L2 backend (mput/mget) instead of ours, the floor of
+  the L1-off reload: AIBrix's L2 path with a backend whose get is one
+  memcpy in the event loop; and, for the L1-on cost, `l1-only`, AIBrix's
+  connector with L1 as in `eic-default` and no L2 at all, and
+  `mock-default`, the same with the MOCK backend: what AIBrix's L1 path and
+  its per-block L2 puts cost with a backend that does no I/O.
 
 Workload (the defaults): 16 random prompts of 2,000 tokens, 24 output
 tokens, request rate 4/s (Poisson), at most 4 in flight, seed 0, sent twice
@@ -71,7 +73,7 @@ from e2e_ttft import aibrix_reused_tokens, asdict_spec, prefix_cache_counters, s
 from server import ENGINE_BLOCK, MODEL_NAME, Server, metric_value  # noqa: E402
 
 PHASES = ("plain", "eic", "eic-default", "eic-evicted", "upstream", "vllm-prefix")
-CONTROLS = ("l1-only", "mock-default")  # run only when named in --phases
+CONTROLS = ("mock", "l1-only", "mock-default")  # run only when named in --phases
 PASSES = ("pass1", "pass2")
 DEFAULT_GOODPUT = ["ttft:2000", "tpot:1000"]
 
@@ -92,10 +94,12 @@ def phase_server(name: str, model_dir: Path, workdir: Path, args: argparse.Names
             {
                 "AIBRIX_KV_CACHE_OL_L2_CACHE_BACKEND": "" if name == "l1-only" else "MOCK",
                 "AIBRIX_KV_CACHE_OL_MOCK_USE_MPUT_MGET": "1",
-                "AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED": "1",
-                "AIBRIX_KV_CACHE_OL_L1_CACHE_CAPACITY_GB": str(args.l1_gb),
             }
         )
+        if name != "mock":  # the server's default: L1 off
+            env.update(
+                {"AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED": "1", "AIBRIX_KV_CACHE_OL_L1_CACHE_CAPACITY_GB": str(args.l1_gb)}
+            )
         return Server(name, model_dir, workdir, connector=True, env=env)
     if name == "upstream":
         env.update(upstream_env(phase_dir, store))
@@ -342,6 +346,8 @@ def ratios(results: dict) -> dict:
 
     pairs = {
         "eic_over_vllm_prefix": ("eic", "vllm-prefix"),
+        "eic_over_mock_floor": ("eic", "mock"),
+        "mock_floor_over_vllm_prefix": ("mock", "vllm-prefix"),
         "eic_default_over_vllm_prefix": ("eic-default", "vllm-prefix"),
         "eic_evicted_over_vllm_prefix": ("eic-evicted", "vllm-prefix"),
         "upstream_over_vllm_prefix": ("upstream", "vllm-prefix"),
