@@ -73,7 +73,7 @@ e2e-setup:
 e2e: e2e-setup
 	cd tests/e2e && ../../$(E2E_PY) -m pytest $(E2E_ARGS)
 
-# TTFT in a real server (docs/performance.md); not run by CI, about 6 min.
+# TTFT in a real server (docs/performance.md); not run by CI, about 15 min here.
 e2e-bench: e2e-setup
 	$(E2E_PY) benchmarks/e2e_ttft.py $(BENCH_ARGS)
 

@@ -14,7 +14,8 @@ servers, one at a time, so none steals another's cores:
 - `cross`: started after `eic` stopped, with `eic`'s settings and another
   PYTHONHASHSEED, on the same store (the engine's shared mode, which `eic`
   uses too): its first send of each prompt reloads what `eic` stored, the
-  cross-instance reload, compared with `eic`'s own reloads.
+  cross-instance reload, compared with `eic`'s own reloads; then it reads
+  every prompt once more, once its own memory has been touched.
 
 Requests are sent one at a time (streamed; TTFT is the first token's
 arrival) so TTFT is not queueing. Reported per phase: TTFT p50/p90/p99,
