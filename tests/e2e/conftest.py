@@ -42,11 +42,12 @@ PROMPTS: dict[str, list[int]] = {f"p{i}": _prompt(100 + i) for i in range(6)}
 PROMPTS["p0-fork"] = PROMPTS["p0"][:600] + _prompt(999, PROMPT_LEN - 600)
 
 _live: list[Server] = []
+_started: list[Server] = []  # every server of the run, for its timeline
+_T0 = time.monotonic()
 
 
 def _stop_all() -> None:
-    while _live:
-        _live.pop().stop()
+    stop_server(*_live)
 
 
 atexit.register(_stop_all)
@@ -54,6 +55,20 @@ atexit.register(_stop_all)
 
 def pytest_sessionfinish(session, exitstatus):
     _stop_all()
+    if _started:
+        _write_timeline(_started[0].workdir.parent / "timeline.txt")
+
+
+def _write_timeline(path: Path) -> None:
+    """When each server started, was ready, warm, told to stop and gone, in
+    seconds from the session's start: where the suite's time went."""
+    columns = ("start", "ready", "warm", "stop", "exited")
+    lines = [f"{'server':<22}" + "".join(f"{c:>9}" for c in columns)]
+    for server in sorted(_started, key=lambda s: s.events[0][1] if s.events else 0.0):
+        events = dict(server.events)
+        cells = (f"{events[c] - _T0:9.1f}" if c in events else f"{'-':>9}" for c in columns)
+        lines.append(f"{server.name:<22}" + "".join(cells))
+    path.write_text("\n".join(lines) + "\n")
 
 
 def ready(server: Server) -> Server:
@@ -71,6 +86,7 @@ def ready(server: Server) -> Server:
 def start_server(*args, wait: bool = True, **kwargs) -> Server:
     server = Server(*args, **kwargs)
     _live.append(server)
+    _started.append(server)
     server.start()
     return ready(server) if wait else server
 
@@ -84,16 +100,19 @@ def start_servers(*specs: dict) -> list[Server]:
         for server in servers:
             ready(server)
     except BaseException:
-        for server in servers:
-            stop_server(server)
+        stop_server(*servers)
         raise
     return servers
 
 
-def stop_server(server: Server) -> None:
-    server.stop()
-    if server in _live:
-        _live.remove(server)
+def stop_server(*servers: Server) -> None:
+    """Stop servers side by side: all are told first, then each is waited for."""
+    for server in servers:
+        server.terminate()
+    for server in servers:
+        server.stop()
+        if server in _live:
+            _live.remove(server)
 
 
 # Servers of modules that need one server each, in the order the modules

@@ -81,12 +81,21 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         self._log = None
+        self._terminated = False
+        # (event, time.monotonic()): start, ready, warm, stop, exited; for the run's timeline
+        self.events: list[tuple[str, float]] = []
         self.env = _clean_env()
         self.env.update(
             {
                 "PYTHONPATH": os.pathsep.join([str(E2E_DIR), str(PROBE_DIR)]),
                 "E2E_PROBE_DIR": str(self.probe_dir),
                 "VLLM_CPU_KVCACHE_SPACE": "1",
+                # vLLM-CPU's default binding pins a worker's main thread, and
+                # every thread it starts later, to core 0 before the model
+                # load, KV cache profile and connector open: servers starting
+                # side by side did those on one core while the other idled.
+                # Unbound, the kernel spreads them. (Benchmarks bind explicitly.)
+                "VLLM_CPU_OMP_THREADS_BIND": "nobind",
                 "VLLM_NO_USAGE_STATS": "1",
                 "DO_NOT_TRACK": "1",
                 "NO_COLOR": "1",
@@ -143,6 +152,7 @@ class Server:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+        self.events.append(("start", time.monotonic()))
         return self
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> "Server":
@@ -153,6 +163,7 @@ class Server:
                     f"{self.name}: server exited with {self.proc.returncode} before /health\n{self.tail()}"
                 )
             if self.healthy():
+                self.events.append(("ready", time.monotonic()))
                 return self
             time.sleep(0.5)
         raise ServerError(f"{self.name}: no /health 200 within {timeout_s:.0f}s\n{self.tail()}")
@@ -164,27 +175,41 @@ class Server:
         except subprocess.TimeoutExpired:
             raise ServerError(f"{self.name}: still running after {timeout_s:.0f}s\n{self.tail()}") from None
 
+    def terminate(self) -> None:
+        """SIGTERM the whole process group without waiting: servers stopped
+        together shut down side by side."""
+        if self.proc is None or self._terminated:
+            return
+        self._terminated = True
+        self.events.append(("stop", time.monotonic()))
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
     def stop(self) -> None:
         """SIGTERM the whole process group, SIGKILL what is left after 30 s."""
         if self.proc is None:
             return
-        for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(timeout=wait_s)
-            except subprocess.TimeoutExpired:
-                continue
-            # the leader is gone; make sure no worker of its group is left
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            break
+        self.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        # the leader is gone or overdue; make sure no process of its group is left
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
         if self._log:
             self._log.close()
+            self._log = None
+        if not self.events or self.events[-1][0] != "exited":
+            self.events.append(("exited", time.monotonic()))
 
     def __enter__(self) -> "Server":
         return self.start().wait_ready()
@@ -228,6 +253,7 @@ class Server:
     def warm_up(self) -> None:
         """The first request after start can take 3-20 s; take it here."""
         self.complete([5, 6, 7, 8], max_tokens=2)
+        self.events.append(("warm", time.monotonic()))
 
     # ------------------------------------------------------------ evidence
     def log(self) -> str:

@@ -45,8 +45,8 @@ _live: list[Server] = []  # this module's current stage
 
 
 def _stop_stage() -> None:
-    while _live:
-        stop_server(_live.pop())
+    stop_server(*_live)
+    _live.clear()
 
 
 def _stage(*specs: dict) -> list[Server]:
