@@ -274,7 +274,7 @@ def run_pass(server: Server, model_dir: Path, args: argparse.Namespace) -> dict:
     )
     out["reused_tokens"] = max(out["aibrix_reused_tokens"], out["vllm_prefix_hit_tokens"])
     # Type1 offloads whole blocks of the prompt minus its last token: the most a pass can reuse
-    lens = result.get("input_lens") or getattr(args, "prompt_lens", [])
+    lens = result.get("input_lens") or args.prompt_lens  # set by check_same_prompts, before any server
     out["reusable_tokens"] = sum((n - 1) // ENGINE_BLOCK * ENGINE_BLOCK for n in lens if n)
     out["reused_fraction"] = out["reused_tokens"] / max(1, out["reusable_tokens"])
     return out
