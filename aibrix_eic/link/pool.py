@@ -53,6 +53,12 @@ class PriorityThreadPool:
     def threads(self) -> int:
         return len(self._busy_since)
 
+    def longest_busy_s(self) -> float:
+        """How long the pool's longest-running task has run (0 when idle)."""
+        now = time.monotonic()
+        with self._lock:
+            return max((now - since for since in self._busy_since.values() if since is not None), default=0.0)
+
     def submit(self, fn: Callable[..., Any], *args: Any, priority: int = GET_PRIORITY) -> Future:
         """Run fn(*args) on a pool thread; lower priority values run first."""
         future: Future = Future()

@@ -517,26 +517,49 @@ def test_a_write_waiting_behind_its_keys_delete_does_not_spin_the_flusher(make_r
     assert status.is_ok() and data == payload(2)
 
 
-def test_a_long_stream_of_writes_does_not_look_like_a_stuck_pool_thread(make_rig):
+@pytest.mark.parametrize("batch_keys", [64, 1])
+def test_a_long_stream_of_writes_does_not_look_like_a_stuck_pool_thread(make_rig, batch_keys):
     """A drain that keeps finding work gives its pool task up now and then,
     so the pool never takes it for a call stuck past every deadline and
     starts replacement threads for it."""
-    # batch_keys=1: every round of two blocks has a second call, which the drain hands to the pool
-    rig = make_rig(store="wb-stream", get_timeout_ms=200, put_timeout_ms=200, eic_thread_num=2, batch_keys=1)
+    # batch_keys=64: a round is one call, so the drain keeps its thread while writes keep coming
+    # (without the hand-back its task ran the whole stream). batch_keys=1: a round's second call
+    # goes to the pool, whose submit is where a thread that looks stuck gets replaced.
+    # Deadlines of 1 s: only a stall of the whole process for over 0.75 s could fail this
+    # (a loaded CI host stalled past 0.2 s once).
+    rig = make_rig(store="wb-stream", get_timeout_ms=1000, put_timeout_ms=1000, eic_thread_num=2, batch_keys=batch_keys)
+    stuck_after_s = 1.0
     rig.store.faults.latency_s = 0.005
     pool = rig.conn.link.data_pool
+    longest_task_s, streaming = [0.0], threading.Event()
+    streaming.set()
+
+    def watch_tasks() -> None:
+        while streaming.is_set():
+            longest_task_s[0] = max(longest_task_s[0], pool.longest_busy_s())
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch_tasks)
+    watcher.start()
     started = time.monotonic()
     most_threads = pool.threads
     i = 0
-    while time.monotonic() - started < 1.2:  # a drain busy for six times stuck_after_s
-        mrs = rig.filled([payload(i), payload(i + 1)])
-        statuses = rig.run(rig.conn.mput([i.to_bytes(16, "little"), (i + 1).to_bytes(16, "little")], mrs))
-        rig.release(mrs)
-        assert all(status.is_ok() for status in statuses)
-        most_threads = max(most_threads, pool.threads)
-        i += 2
-        time.sleep(0.001)
+    try:
+        while time.monotonic() - started < 2.5 * stuck_after_s:
+            mrs = rig.filled([payload(i), payload(i + 1)])
+            statuses = rig.run(rig.conn.mput([i.to_bytes(16, "little"), (i + 1).to_bytes(16, "little")], mrs))
+            rig.release(mrs)
+            assert all(status.is_ok() for status in statuses)
+            most_threads = max(most_threads, pool.threads)
+            i += 2
+            time.sleep(0.001)
+    finally:
+        streaming.clear()
+        watcher.join()
     idle(rig)
+    assert longest_task_s[0] < stuck_after_s, (
+        f"a pool task ran {longest_task_s[0]:.2f} s of a stream that never stalled"
+    )
     assert most_threads == 2, f"the pool grew to {most_threads} threads for a drain that was never stuck"
 
 
