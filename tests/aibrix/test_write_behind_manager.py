@@ -120,7 +120,7 @@ def test_reload_after_eviction_from_l1_is_bit_exact(build):
 
 def test_read_your_writes_before_the_flush(build):
     cache = build()
-    get_store(STORE).faults.latency_s = 0.3
+    get_store(STORE).faults.latency_s = 1.0
     query = tokens(8, seed=2)
     offload(cache, query, seed=2)
     evict_from_l1(cache, seed=2)
@@ -128,7 +128,7 @@ def test_read_your_writes_before_the_flush(build):
     started = time.perf_counter()
     assert from_l2(cache, query, seed=2) == (8 * BLOCK_NTOKENS, True)
     assert connector_of(cache).health()["write_behind_served"] >= 1
-    assert time.perf_counter() - started < 0.3, "served from the held regions, not after the flush"
+    assert time.perf_counter() - started < 0.5, "served from the held regions, not after the flush"
     get_store(STORE).faults.clear()
 
 

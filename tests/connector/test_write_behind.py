@@ -86,10 +86,10 @@ def spy_calls(monkeypatch) -> list:
 
 def test_put_returns_before_the_write_and_the_block_reads_back_exact(make_rig):
     rig = make_rig()
-    rig.store.faults.latency_s = 0.2
+    rig.store.faults.latency_s = 1.0
     started = time.perf_counter()
     status, mr = put(rig, b"k" * 16, 1)
-    assert status.is_ok() and time.perf_counter() - started < 0.1
+    assert status.is_ok() and time.perf_counter() - started < 0.5
     assert mr.ref_count == 1, "write-behind holds its own reference after AIBrix released"
     assert rig.conn.health()["write_behind_pending"] == 1
     status, data = get(rig, b"k" * 16)  # read-your-writes before the flush
@@ -217,19 +217,19 @@ def test_close_within_its_bound_drops_what_a_hung_engine_holds_up(make_rig):
 
 def test_past_the_byte_bound_a_put_waits_until_stored(make_rig):
     rig = make_rig(write_behind_max_bytes=2 * BLOCK)
-    rig.store.faults.latency_s = 0.05
+    rig.store.faults.latency_s = 0.5
     table = rig.conn.write_behind.table
     peak = watch_peak_counted_bytes(table)
     started = time.perf_counter()
     for i in range(2):
         put(rig, bytes([i]) * 16, i)
-    assert time.perf_counter() - started < 0.04, "within the bound puts return at once"
+    assert time.perf_counter() - started < 0.25, "within the bound puts return at once"
     mrs = rig.filled([payload(10), payload(11)])
     started = time.perf_counter()
     status = rig.run(rig.conn.mput([b"x" * 16, b"y" * 16], mrs))
     rig.release(mrs)
     assert all(s.is_ok() for s in status)
-    assert time.perf_counter() - started >= 0.05, "past the bound the put waited for its mset"
+    assert time.perf_counter() - started >= 0.5, "past the bound the put waited for its mset"
     assert peak[0] <= 2 * BLOCK
     health = rig.conn.health()
     assert health["write_behind_waits"] == 1 and health["write_behind_blocks"] == 2

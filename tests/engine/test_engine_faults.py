@@ -59,12 +59,12 @@ def names(n, prefix="k"):
 
 # --------------------------------------------------------------------- latency
 def test_latency_is_added_once_per_call_not_per_key():
-    client = connect("slow?latency=30ms")
+    client = connect("slow?latency=100ms")
     mset(client, names(20))  # keys exist, so mexist below does real lookups
     start = time.perf_counter()
     mexist(client, names(20))
     elapsed = time.perf_counter() - start
-    assert 0.03 <= elapsed < 0.03 * 10  # one delay for 20 keys, not twenty
+    assert 0.1 <= elapsed < 0.1 * 10  # one delay for 20 keys, not twenty (2 s)
 
 
 def test_latency_applies_to_every_data_call():
@@ -83,14 +83,14 @@ def test_latency_applies_to_every_data_call():
 
 def test_latency_can_be_changed_while_clients_run():
     client = connect("live")
-    get_store("live").faults.latency_s = 0.025
+    get_store("live").faults.latency_s = 0.5
     start = time.perf_counter()
     mexist(client, ["x"])
-    assert time.perf_counter() - start >= 0.025
+    assert time.perf_counter() - start >= 0.5
     get_store("live").faults.latency_s = 0.0
     start = time.perf_counter()
     mexist(client, ["x"])
-    assert time.perf_counter() - start < 0.025
+    assert time.perf_counter() - start < 0.25  # margins a loaded CI host's stalls do not cross
 
 
 # ------------------------------------------------------------------- fail_rate
