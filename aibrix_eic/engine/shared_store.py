@@ -112,9 +112,17 @@ class SharedStore:
     def env(self) -> lmdb.Environment:
         if os.getpid() != self._pid:
             # A forked child must not use (or close) its parent's handle:
-            # closing it would drop the parent's reader slots.
+            # closing it would drop the parent's reader slots. And py-lmdb
+            # refuses a second handle on the same files in one process.
             self._abandoned.append(self._env)
-            self._open()
+            try:
+                self._open()
+            except lmdb.Error as e:
+                raise lmdb.Error(
+                    f"shared store {self.path}: this process was forked from one that had opened it, and LMDB "
+                    "cannot open it again here; open the store only in processes that were not forked from "
+                    f"one that used it ({e})"
+                ) from e
         return self._env
 
     # ------------------------------------------------------------------ info

@@ -76,6 +76,29 @@ def test_a_value_written_by_a_process_that_exited_is_read_by_another(shared_dir)
     assert get_store(f"xp?dir={shared_dir}").capacity == 64 * MiB
 
 
+FORK_AFTER_OPEN = """
+    import os, sys, aibrix_eic.engine as eic
+    parent = eic.Client()
+    assert parent.init("parent", sys.argv[1], eic.InitOption()) == 0
+    pid = os.fork()
+    if pid == 0:
+        try:
+            eic.get_store(sys.argv[1]).exist_many("", ["k"])
+            print("child: read the store")
+        except Exception as e:
+            print("child:", e)
+        sys.stdout.flush()
+        os._exit(0)
+    os.waitpid(pid, 0)
+"""
+
+
+def test_a_child_forked_after_the_store_opened_is_told_why_it_cannot_use_it(shared_dir):
+    forking = child(FORK_AFTER_OPEN, f"fork?dir={shared_dir}")
+    out, _ = forking.communicate(timeout=60)
+    assert "this process was forked from one that had opened it" in out, out
+
+
 def test_the_store_outlives_every_handle_on_it(shared_dir):
     endpoint = f"again?dir={shared_dir}"
     value = np.random.default_rng(1).integers(0, 256, 3 * MiB, dtype=np.uint8)
