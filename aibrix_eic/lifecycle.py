@@ -29,7 +29,7 @@ from .request.direct import DirectRequests
 from .request.dispatch import Dispatcher
 from .request.exists import ExistsBatcher
 from .request.statuses import OK
-from .util.teardown import close_may_wait
+from .util.teardown import call_at_exit, close_may_wait
 from .writes.write_behind import WriteBehind
 
 logger = logging.getLogger(__name__)
@@ -164,6 +164,7 @@ class ConnectorLifecycle(Connector[bytes, torch.Tensor]):
             status = self._link.open()
             if status.is_ok():
                 self._write_behind.start()
+                call_at_exit(self._write_behind.finish_at_exit)
                 logger.info(
                     "EIC connector open: remote_url=%s ns=%r conn_id=%s io_threads=%d connected=%s",
                     self._config.remote_url,
@@ -191,8 +192,9 @@ class ConnectorLifecycle(Connector[bytes, torch.Tensor]):
             if wait is None:
                 wait = close_may_wait()
             if not wait:
-                self._write_behind.abandon()
-                self._link.abandon()  # closes the pools and the metrics on the prober's thread
+                self._write_behind.abandon()  # goes on sending what is queued, for a bounded time
+                # The prober's thread closes the pools and the metrics once that flush is over.
+                self._link.abandon(self._write_behind.stopped, self._config.write_behind_close_timeout_ms / 1000)
                 self._blocks.forget()
                 return OK
             self._write_behind.close(self._config.write_behind_close_timeout_ms / 1000)  # needs the link's pools

@@ -11,6 +11,8 @@ use that object to the end, so a swap never changes a client under a call.
 import dataclasses
 import logging
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -30,6 +32,7 @@ logger = logging.getLogger(__name__)
 
 _OK = Status.ok()
 META_THREADS = 4  # exists, delete: small calls kept off the data pool
+FLUSH_POLL_S = 0.02  # how often an abandoned link looks whether the last writes went out
 
 
 @dataclass
@@ -125,16 +128,24 @@ class Link(LinkCalls):
             if self.is_open:
                 self._stop()
 
-    def abandon(self) -> None:
+    def abandon(self, flushed: Callable[[], bool], flush_s: float) -> None:
         """close() for a finalizer: takes no lock and waits for nothing
-        (util/teardown.py). Requests are refused from now on; the prober thread
-        shuts the pools down as it exits (within POLL_S), and their threads
-        exit once their calls return."""
+        (util/teardown.py). The prober thread sees it within POLL_S, waits
+        until `flushed()` (the write-behind's last sends use the pools) or
+        flush_s passed, then shuts the pools down; their threads exit once
+        their calls return."""
         if not self.is_open:
             return
         self.is_open = False
         prober, pools = self._prober, (self.data_pool, self.meta_pool)
-        prober.abandon(lambda: self._retire(prober, pools))
+        until = time.monotonic() + flush_s
+
+        def retire() -> None:
+            while not flushed() and time.monotonic() < until:
+                time.sleep(FLUSH_POLL_S)
+            self._retire(prober, pools)
+
+        prober.abandon(retire)
 
     def _retire(self, prober: Prober, pools: tuple[PriorityThreadPool | None, ...]) -> None:
         """The rest of an abandoned close, on its prober's thread (which holds nothing now)."""

@@ -18,10 +18,24 @@ Telling the two apart, cheapest sure signal first:
 A flag set by the GC (gc.callbacks) was the alternative: it would also see
 weakref callbacks, but costs a Python call at every collection of the
 process, for a case no known caller has.
+
+A finalizer's close() never waits, yet AIBrix 0.8's vLLM connector closes
+its cache manager only from `__del__`: so the connector's threads go on
+sending the pending writes by themselves, for a bounded time, and
+`call_at_exit` makes the process wait for them before it ends. It is a
+multiprocessing finalizer, which runs both at interpreter exit (through
+atexit) and when a multiprocessing child returns from its target, where
+atexit never runs (a forked child ends in os._exit). vLLM's engine-core and
+worker processes are such children, and return that way on SIGTERM when
+vLLM shuts down gracefully (`--shutdown-timeout`). The daemon threads that
+flush still run then.
 """
 
+import multiprocessing.util
+import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -45,3 +59,35 @@ def close_may_wait() -> bool:
             return False
         frame = frame.f_back
     return True
+
+
+_at_exit: list[tuple[int, weakref.WeakMethod]] = []  # (pid, bound method), this process's only
+_at_exit_hooked: set[int] = set()  # pids whose multiprocessing finalizer is registered
+_at_exit_lock = threading.Lock()
+
+
+def call_at_exit(method: Callable[[], object]) -> None:
+    """Call the bound `method` when this process exits normally, unless its
+    object is gone by then. Entries made before a fork are not the child's
+    (its copies have no threads to flush with) and are skipped there."""
+    pid = os.getpid()
+    with _at_exit_lock:
+        _at_exit[:] = [(p, ref) for p, ref in _at_exit if p == pid and ref() is not None and ref() != method]
+        _at_exit.append((pid, weakref.WeakMethod(method)))
+        if pid not in _at_exit_hooked:
+            _at_exit_hooked.add(pid)
+            # exitpriority >= 0 runs before multiprocessing terminates this process's daemonic children.
+            multiprocessing.util.Finalize(None, _run_at_exit, exitpriority=100)
+
+
+def _run_at_exit() -> None:
+    pid = os.getpid()
+    with _at_exit_lock:
+        methods = [ref() for p, ref in _at_exit if p == pid]
+        _at_exit.clear()
+    for method in methods:
+        if method is not None:
+            try:
+                method()
+            except Exception:
+                pass  # the exit goes on

@@ -29,6 +29,7 @@ at one round trip and a burst of single-block puts at a few batched ones.
 """
 
 import logging
+import math
 import threading
 import time
 from concurrent.futures import Future
@@ -55,6 +56,7 @@ class Flusher:
         self._thread: threading.Thread | None = None
         self.running = False  # puts are accepted (read and written under the table lock)
         self._closing = False  # send what is queued, then stop
+        self._closing_until = math.inf  # an abandoned flush drops what is still queued from then on
         self._generation = 0  # a watcher left over from before a reopen stops
         self._drain: Drain | None = None  # the one drain allowed to take rounds
         self._lost_retry_at = 0.0  # lost keys are re-deleted at most every TICK_S
@@ -72,7 +74,7 @@ class Flusher:
         with self._table.cond:
             if self.running:
                 return
-            self.running, self._closing = True, False
+            self.running, self._closing, self._closing_until = True, False, math.inf
             self._drain = None
             self._generation += 1
             generation = self._generation
@@ -107,14 +109,45 @@ class Flusher:
             logger.warning("EIC close dropped %d pending writes it could not flush in time", dropped)
         return dropped
 
-    def abandon(self) -> None:
-        """close() for a finalizer: two attribute writes, no lock (the table
-        lock is a plain Lock that the thread running the finalizer may hold)
-        and no wait. The watcher sees them within TICK_S, drops what is
-        queued (misses) with its references and exits; a drain stops after
-        its round, and calls in flight release their regions as they return."""
+    def abandon(self, flush_s: float) -> None:
+        """close() for a finalizer: attribute writes, no lock (the table lock
+        is a plain Lock that the thread running the finalizer may hold) and no
+        wait. Nothing is accepted from now on; the watcher and its drains go
+        on sending what is queued for up to flush_s, as close() would, with
+        nobody waiting. Then (or at once when EIC is down) the watcher drops
+        what is left (misses) with its references and exits; calls in flight
+        release their regions as they return."""
+        self._closing_until = time.monotonic() + flush_s
+        self._closing = flush_s > 0  # before running goes False: the watcher must not see a plain stop
         self.running = False
-        self._closing = False
+
+    def stopped(self) -> bool:
+        """The watcher has exited and no call it started is still out (no lock)."""
+        thread = self._thread
+        return (thread is None or not thread.is_alive()) and not self._table.inflight
+
+    def finish_at_exit(self) -> None:
+        """At process exit (util/teardown.py's call_at_exit; registered on the
+        flusher, which its watcher keeps alive after the connector is gone):
+        a flusher still running (its connector never closed) flushes as an
+        abandoned one does; wait until the watcher is done, at most until its
+        flush deadline."""
+        if self.running:
+            with self._table.cond:
+                pending = len(self._table.queued) + len(self._table.inflight)
+            if pending:
+                logger.info("EIC flushing %d pending writes at process exit", pending)
+            self.abandon(self._config.write_behind_close_timeout_ms / 1000)
+        until = self._closing_until
+        if until == math.inf:
+            return  # closed explicitly: close() did the waiting
+        thread = self._thread
+        if thread is not None:
+            thread.join(max(0.0, until - time.monotonic()) + 2 * TICK_S)
+        table = self._table
+        with table.cond:  # the watcher stops once nothing is queued; the last round may still be out
+            while table.inflight and time.monotonic() < until:
+                table.cond.wait(min(TICK_S, max(0.0, until - time.monotonic())))
 
     # ------------------------------------------------------------ watcher
     def _watch(self, generation: int) -> None:
@@ -129,6 +162,8 @@ class Flusher:
                     return
                 now = time.monotonic()
                 lost = table.drop_aged(now, done)
+                if now >= self._closing_until and not self.running:
+                    self._closing = False  # an abandoned flush's time is up: drop what is left
                 down = self._down()
                 if down:
                     lost += table.drop_all_queued("pending write dropped: EIC circuit is open", done)

@@ -81,8 +81,18 @@ class WriteBehind:
         call.add_done_callback(returned)
 
     def abandon(self) -> None:
-        """close() for a finalizer: never blocks; see Flusher.abandon."""
-        self._flusher.abandon()  # it runs in every put_mode (start)
+        """close() for a finalizer: never blocks; what is queued is still sent
+        within write_behind_close_timeout_ms (Flusher.abandon)."""
+        self._flusher.abandon(self._config.write_behind_close_timeout_ms / 1000)  # it runs in every put_mode
+
+    def stopped(self) -> bool:
+        """Nothing queued is sent any more (the link may retire its pools)."""
+        return self._flusher.stopped()
+
+    @property
+    def finish_at_exit(self) -> Callable[[], None]:
+        """What util/teardown.py's call_at_exit runs: Flusher.finish_at_exit."""
+        return self._flusher.finish_at_exit
 
     @property
     def active(self) -> bool:

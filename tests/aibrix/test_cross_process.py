@@ -173,6 +173,36 @@ def test_concurrent_overwrites_and_deletes_never_hand_out_a_foreign_or_torn_bloc
     assert sum(c["blocks_checked"] for c in counts) > 0 and sum(c["deletes"] for c in counts) > 0, counts
 
 
+@pytest.mark.parametrize("how", ["leave", "leave_from_child"])
+def test_writes_pending_when_a_process_exits_without_close_are_flushed(four, store_dir, how):
+    """vLLM never closes AIBrix's cache manager (only its __del__ does, and a
+    finalizer must not flush), so a process that exits normally must still
+    flush what it accepted. `leave`: the interpreter exits; `leave_from_child`:
+    a forked multiprocessing child returns from its target (os._exit), as
+    vLLM's engine-core and worker processes do on SIGTERM."""
+    query_seed = 50 if how == "leave" else 51
+    slow = write_config(
+        os.path.join(store_dir, f"slow-{how}.yaml"), remote_url=f"local://xp?dir={store_dir}/store&latency=400ms"
+    )
+    own_config, args = slow, {}
+    if how == "leave_from_child":  # the child writes; the parent keeps to a store of its own (see leave_from_child)
+        own_config = write_config(
+            os.path.join(store_dir, "parent.yaml"), remote_url=f"local://parent?dir={store_dir}/p"
+        )
+        args["config"] = slow
+    leaving = WorkerProcess(own_config, 9, SMALL_BLOCKS, store_dir).ready()
+    try:
+        reply = leaving.call(how, query_seed=query_seed, nblocks=NBLOCKS, payload_seed=700, **args)
+        assert reply["ok"] and reply["pending"] > 0, f"nothing was pending at exit: the test proves nothing {reply}"
+        assert reply.get("exitcode", 0) == 0, reply
+        if how == "leave":
+            assert leaving.proc.wait(timeout=60) == 0
+    finally:
+        leaving.kill()
+    check = four[0].call("check", query_seed=query_seed, nblocks=NBLOCKS, payload_seeds=[700])
+    assert check == {"blocks": NBLOCKS, "bad_blocks": []}, check
+
+
 def test_a_writer_killed_mid_put_never_makes_another_process_read_a_partial_block(four):
     """The writer overwrites one query round after round (payload seed =
     round) and is SIGKILLed in the middle; the reader gets blocks that are

@@ -1,7 +1,8 @@
 """A connector (or a cache manager) dropped without close(): the GC runs the
 finalizers on whatever thread collects, possibly one of the connector's own
 threads holding the lock close() needs. The finalizer path must only signal
-the threads; they drop what is queued, release what they hold and exit.
+the threads; they send what is queued for up to write_behind_close_timeout_ms,
+drop the rest, release what they hold and exit.
 
 Each collection that could deadlock runs on a helper or connector thread
 and is waited on with a generous bound, so a deadlock fails the test
@@ -165,22 +166,54 @@ def test_a_collection_inside_a_flush_call_does_not_wait_for_that_flush(monkeypat
         rig.loop.close()
 
 
-def test_close_without_waiting_drops_queued_writes_as_misses_and_releases_them():
+def test_close_without_waiting_still_sends_queued_writes_and_releases_them():
     threads_before = len(connector_threads())
     rig, regions = pending_rig("gc-nowait")
     try:
-        assert rig.conn.close(wait=False).is_ok()  # returns at once; the threads finish the job
+        started = time.monotonic()
+        assert rig.conn.close(wait=False).is_ok()
+        assert time.monotonic() - started < 0.1, "close(wait=False) waited"  # the threads finish the job
         assert wait_until(lambda: len(connector_threads()) <= threads_before)
         assert wait_until(lambda: all(mr.ref_count == 0 for mr in regions))
         health = rig.conn.health()
         assert not health["open"] and health["write_behind_pending"] == 0
-        assert health["write_behind_lost"] + len(get_store("gc-nowait")) == len(regions)
+        assert health["write_behind_lost"] == 0 and len(get_store("gc-nowait")) == len(regions)
         assert rig.conn.close().is_ok()  # an explicit close afterwards has nothing left to do
         get_store("gc-nowait").faults.clear()
         found = read_back("gc-nowait", len(regions))  # a live reader: the exact bytes put, or a miss
         assert all(data in (None, bytes([i + 1]) * BLOCK) for i, data in enumerate(found)), found
     finally:
         get_store("gc-nowait").faults.clear()
+        rig.close()
+
+
+def test_close_without_waiting_drops_what_it_cannot_send_within_the_close_timeout():
+    """A hung EIC: the background flush gives up at write_behind_close_timeout_ms,
+    drops what is still queued (misses) and lets go of it; a call still hanging
+    releases its regions when it returns."""
+    threads_before = len(connector_threads())
+    rig, regions = pending_rig("gc-hung", write_behind_close_timeout_ms=300)
+    store = get_store("gc-hung")
+    store.faults.latency_s = 3.0  # the calls from now on hang far past the flush's time
+    table = rig.conn.write_behind.table
+    try:
+        for version in (1, 2):  # the second waits for the first, in flight until the flush's time is up
+            mrs = rig.filled([bytes([0xE0 + version]) * BLOCK])
+            assert rig.run(rig.conn.put(key(99), mrs[0])).is_ok()
+            rig.release(mrs)
+            regions += mrs
+            if version == 1:
+                assert wait_until(lambda: not table.queued, timeout=5.0)
+        assert table.queued, "nothing left queued behind the hung call: the test proves nothing"
+        assert rig.conn.close(wait=False).is_ok()
+        assert wait_until(lambda: rig.conn.health()["write_behind_lost"] > 0, timeout=2.0), rig.conn.health()
+        assert wait_until(lambda: len(connector_threads()) <= threads_before)
+        assert wait_until(lambda: all(mr.ref_count == 0 for mr in regions))
+        health = rig.conn.health()
+        assert health["write_behind_pending"] == 0
+        assert health["write_behind_lost"] + len(store) == len(regions), health
+    finally:
+        store.faults.clear()
         rig.close()
 
 

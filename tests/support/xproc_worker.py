@@ -37,23 +37,29 @@ class Worker:
 
         cache_manager.TESTING_DISABLE_PIN_MEMORY = True  # CPU-only torch cannot pin
         aibrix_eic.install()
-        # The config vLLM publishes while it builds the connector, so that the
-        # model identity is made of vLLM's factors, as in a server.
+        from harness import block_spec, connector_of
+        from poison import PoisonWatch
+
+        self.spec = block_spec(**spec_args)
+        self.manager = self.new_manager()
+        self.poison = PoisonWatch(self.manager._allocator)
+        self.connector = connector_of(self.manager)
+        self.loop = asyncio.new_event_loop()
+
+    def new_manager(self):
+        """A manager built while vLLM's config is published, so that the model
+        identity is made of vLLM's factors, as in a server."""
         from fake_vllm import fake_vllm_config
+        from harness import make_manager
 
         vllm_config = types.ModuleType("vllm.config")
         published = fake_vllm_config(hf_overrides={"rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
         vllm_config.get_current_vllm_config_or_none = lambda: published
         sys.modules["vllm.config"] = vllm_config
-        from harness import block_spec, connector_of, make_manager
-        from poison import PoisonWatch
-
-        self.spec = block_spec(**spec_args)
-        self.manager = make_manager(self.spec)
-        del sys.modules["vllm.config"]  # vLLM clears it after building the connector
-        self.poison = PoisonWatch(self.manager._allocator)
-        self.connector = connector_of(self.manager)
-        self.loop = asyncio.new_event_loop()
+        try:
+            return make_manager(self.spec)
+        finally:
+            del sys.modules["vllm.config"]  # vLLM clears it after building the connector
 
     # ------------------------------------------------------------- commands
     def identity(self, query_seeds: list[int], nblocks: int) -> dict:
@@ -149,6 +155,41 @@ class Worker:
             handle.release()
         return {"blocks": len(tensors), "bad_blocks": bad}
 
+    def leave(self, query_seed: int, nblocks: int, payload_seed: int) -> dict:
+        """Put a query and exit at once without closing anything, as a vLLM
+        process does: the writes are still pending (the store is slow in
+        this process), and the manager is never closed."""
+        from harness import send, tokens
+
+        status = send(self.manager, tokens(nblocks, query_seed), payload_seed)
+        return {"ok": status.is_ok(), "pending": self.connector.health()["write_behind_pending"], "exit": True}
+
+    def leave_from_child(self, query_seed: int, nblocks: int, payload_seed: int, config: str) -> dict:
+        """leave() in a multiprocessing child forked from this process, with
+        its own manager on `config`, whose target returns (vLLM's engine-core
+        and worker processes end that way, in os._exit: atexit never runs).
+        `config` must name a store this process has not opened: LMDB cannot
+        open one environment twice in a process, and a fork copies the handle."""
+        import multiprocessing
+        import os
+
+        from harness import connector_of, send, tokens
+
+        from aibrix_eic.config import ENV_CONFIG
+
+        def child(conn) -> None:
+            os.environ[ENV_CONFIG] = config
+            manager = self.new_manager()
+            status = send(manager, tokens(nblocks, query_seed), payload_seed)
+            conn.send({"ok": status.is_ok(), "pending": connector_of(manager).health()["write_behind_pending"]})
+
+        receiver, sender = multiprocessing.Pipe(duplex=False)
+        process = multiprocessing.get_context("fork").Process(target=child, args=(sender,))
+        process.start()
+        reply = receiver.recv()
+        process.join(60)
+        return {**reply, "exitcode": process.exitcode}
+
     def finish(self) -> dict:
         self.manager.close()
         return {"poison_violations": self.poison.check_all()}
@@ -161,7 +202,7 @@ def main() -> None:
         command = json.loads(line)
         reply = getattr(worker, command.pop("op"))(**command)
         print(json.dumps(reply), flush=True)
-        if "poison_violations" in reply:
+        if "poison_violations" in reply or reply.get("exit"):
             return
 
 
