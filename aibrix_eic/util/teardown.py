@@ -31,6 +31,7 @@ vLLM shuts down gracefully (`--shutdown-timeout`). The daemon threads that
 flush still run then.
 """
 
+import logging
 import multiprocessing.util
 import os
 import sys
@@ -39,6 +40,8 @@ import weakref
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 class OwnThread(threading.Thread):
@@ -89,5 +92,5 @@ def _run_at_exit() -> None:
         if method is not None:
             try:
                 method()
-            except Exception:
-                pass  # the exit goes on
+            except Exception:  # a bug; the exit goes on
+                logger.warning("EIC exit hook %r failed", method, exc_info=True)

@@ -170,9 +170,9 @@ def test_close_without_waiting_still_sends_queued_writes_and_releases_them():
     threads_before = len(connector_threads())
     rig, regions = pending_rig("gc-nowait")
     try:
-        started = time.monotonic()
         assert rig.conn.close(wait=False).is_ok()
-        assert time.monotonic() - started < 0.1, "close(wait=False) waited"  # the threads finish the job
+        # It returned before the flush (each call takes 0.2 s): the threads finish the job.
+        assert rig.conn.health()["write_behind_pending"] > 0, "close(wait=False) waited for the flush"
         assert wait_until(lambda: len(connector_threads()) <= threads_before)
         assert wait_until(lambda: all(mr.ref_count == 0 for mr in regions))
         health = rig.conn.health()
