@@ -1,0 +1,19 @@
+"""Why a store could not be opened or used, in words an operator can act on."""
+
+
+class StoreUnavailable(Exception):
+    """A shared store that cannot be opened or used.
+
+    Carries the store's path, the cause and the fix, so every caller
+    (`Client.init`, `aibrix-eic check`, the connector's log) can say all
+    three without knowing which of many causes it was.
+    """
+
+    def __init__(self, path: str, cause: str, fix: str) -> None:
+        super().__init__(path, cause, fix)
+        self.path = path
+        self.cause = cause
+        self.fix = fix
+
+    def __str__(self) -> str:
+        return f"shared store {self.path}: {self.cause}; {self.fix}"
