@@ -11,7 +11,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 SAMPLE_INTERVAL_S = 1.0  # how often sampled series are published
-LABELS = ("namespace", "model", "partition")
+LABELS = ("eic_namespace", "model", "partition")
 OPS = ("get", "put", "exists", "delete")
 # Outcome of one request (one mget/mput/exists/delete call by AIBrix).
 REQUEST_OUTCOMES = {

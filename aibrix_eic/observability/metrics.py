@@ -1,9 +1,11 @@
 """Prometheus metrics of the EIC connector, named `aibrix_eic_*`.
 
-Every series carries the labels an operator filters on: `namespace` (the
-EIC namespace, eic_kv_ns), `model` (the config's model_id, "" without one)
-and `partition` (the TP rank's slice of AIBrix's conn_id, e.g.
-`h0_7_l0_79`). Never a key.
+Every series carries the labels an operator filters on: `eic_namespace`
+(the EIC namespace, eic_kv_ns; not `namespace`, which Prometheus sets to the
+pod's Kubernetes namespace when it scrapes, and under which the Prometheus
+Operator would rename ours to exported_namespace), `model` (the config's
+model_id, "" without one) and `partition` (the TP rank's slice of AIBrix's
+conn_id, e.g. `h0_7_l0_79`). Never a key.
 
 Where they appear: vLLM's TP workers are processes of their own, and vLLM's
 API server serves `/metrics` from a MultiProcessCollector when
@@ -67,9 +69,9 @@ class ConnectorMetrics:
 
     enabled = True
 
-    def __init__(self, namespace: str, model: str, partition: str) -> None:
+    def __init__(self, eic_namespace: str, model: str, partition: str) -> None:
         f = families()
-        labels = (namespace, model, partition)
+        labels = (eic_namespace, model, partition)
         self.labels = dict(zip(LABELS, labels))
         self._requests = {
             (op, outcome): f.requests.labels(*labels, op, outcome)

@@ -356,7 +356,7 @@ def check_promql(where: str, expr: str) -> list[str]:
     import promql_parser
 
     # Grafana's variables, as values a query can hold.
-    expr = expr.replace("$__rate_interval", "5m").replace("$namespace", ".*").replace("$model", ".*")
+    expr = expr.replace("$__rate_interval", "5m").replace("$eic_namespace", ".*").replace("$model", ".*")
     try:
         tree = promql_parser.parse(expr)
     except Exception as e:
@@ -390,6 +390,15 @@ def check_promql(where: str, expr: str) -> list[str]:
     return names
 
 
+def test_no_series_label_is_one_prometheus_sets_on_the_target():
+    """Prometheus attaches the target's labels (the Prometheus Operator: the
+    pod's Kubernetes `namespace`, `pod`, `container`, ...) to every scraped
+    series; a series label of the same name is renamed `exported_<name>`,
+    and rules grouping by it would read the Kubernetes value."""
+    clashing = {name: labels & TARGET_LABELS for name, labels in exported_series().items() if labels & TARGET_LABELS}
+    assert not clashing, f"series labels Prometheus overwrites when it scrapes: {clashing}"
+
+
 def test_prometheus_rule_alerts_on_the_breaker_the_hit_rate_and_timeouts():
     rule = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())
     assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["kind"] == "PrometheusRule"
@@ -415,11 +424,17 @@ def test_the_rule_check_catches_a_misspelt_series():
         check_promql("typo", 'sum(rate(aibrix_eic_blocks_total{outcome="hits"}[5m]))')
 
 
+def _grouping_labels(expr: str) -> set[str]:
+    """The labels an expression's outer aggregation keeps (`sum by (a, b)`)."""
+    match = re.match(r"\s*\w+\s+by\s*\(([^)]*)\)", expr) or re.search(r"\bby\s*\(([^)]*)\)", expr)
+    return {label.strip() for label in match.group(1).split(",")} if match else set()
+
+
 def test_grafana_dashboard_queries_what_we_export():
     dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text())
     assert dashboard["uid"] and dashboard["title"] and dashboard["schemaVersion"] >= 30
     variables = {v["name"] for v in dashboard["templating"]["list"]}
-    assert {"datasource", "namespace", "model"} <= variables
+    assert {"datasource", "eic_namespace", "model"} <= variables
     read = set()
     ids = [panel["id"] for panel in dashboard["panels"]]
     assert len(set(ids)) == len(ids)
@@ -427,6 +442,10 @@ def test_grafana_dashboard_queries_what_we_export():
         assert panel["title"] and panel["targets"]
         for target in panel["targets"]:
             read.update(check_promql(f"panel {panel['title']!r}", target["expr"]))
+            legend_labels = set(re.findall(r"{{\s*(\w+)\s*}}", target.get("legendFormat", "")))
+            assert legend_labels <= _grouping_labels(target["expr"]), (
+                f"panel {panel['title']!r}: legend {target['legendFormat']!r} names a label the query drops"
+            )
     # Every family has a panel.
     families = {re.sub(r"_(total|bucket|sum|count)$", "", name) for name in exported_series()}
     shown = {re.sub(r"_(total|bucket|sum|count)$", "", name) for name in read}
