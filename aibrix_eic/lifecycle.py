@@ -24,6 +24,7 @@ from .observability import health as live
 from .observability.counters import Counters
 from .observability.logs import RateLimitedLogger
 from .observability.metrics import for_connector
+from .observability.reuse import ReuseLog
 from .request.checks import BlockChecker, InvalidRequest, slab_regions
 from .request.direct import DirectRequests
 from .request.dispatch import Dispatcher
@@ -61,6 +62,7 @@ class ConnectorLifecycle(Connector[bytes, torch.Tensor]):
         self._metrics = for_connector(self._config, conn_id)
         self._counters = Counters(self._metrics)
         self._rate_log = RateLimitedLogger(logger)
+        self._reuse = ReuseLog()
         self._link = Link(self._config, module, self._codec.prefix, self._counters, self._rate_log)
         live.add(self)  # for aibrix_eic.health()
         self._blocks = BlockChecker(
