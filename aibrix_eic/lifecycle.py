@@ -76,6 +76,7 @@ class ConnectorLifecycle(Connector[bytes, torch.Tensor]):
         self._exists = ExistsBatcher(rt)
         self._write_behind = WriteBehind(rt, self._dispatcher)
         self._metrics.watch_pending_bytes(self._write_behind.pending_bytes)
+        self._metrics.watch_store_usage(self._link.store_usage)
         self._direct = DirectRequests(rt, self._codec, self._blocks, self._dispatcher, self._write_behind.outlived)
 
     # ------------------------------------------------------------ factory

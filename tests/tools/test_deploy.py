@@ -520,9 +520,11 @@ def exported_series() -> dict[str, set[str]]:
     from a live registry rather than written down twice."""
     from prometheus_client import REGISTRY
 
-    from aibrix_eic.observability.metrics import ConnectorMetrics
+    from aibrix_eic.observability.metrics import ConnectorMetrics, StoreUsage
 
-    ConnectorMetrics("deploy-test", "", "h0_0_l0_0")
+    connector_metrics = ConnectorMetrics("deploy-test", "", "h0_0_l0_0")
+    connector_metrics.watch_store_usage(lambda: StoreUsage(1, 2, 0))  # as the embedded engine reports it
+    connector_metrics.publish()
     series: dict[str, set[str]] = {}
     for family in REGISTRY.collect():
         for sample in family.samples:
