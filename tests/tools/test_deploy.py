@@ -216,7 +216,7 @@ def test_the_config_passes_our_validation_as_mounted(name, objects, tmp_path, mo
         config = EICConfig.load(str(root / config_path.lstrip("/")))
         monkeypatch.undo()
         # Names the weights in the keys and the `model` label of every series.
-        assert config.model_id, f"{name}: no model_id (the metrics would say model=\"\")"
+        assert config.model_id, f'{name}: no model_id (the metrics would say model="")'
         if config.eic_flag_file:
             assert config.eic_flag_file in files, f"{name}: eic_flag_file {config.eic_flag_file} is not mounted"
         if config.eic_log_dir:
@@ -261,7 +261,9 @@ def _mounted_config_mapping(objects: list[dict], container: dict, pod: dict) -> 
 
 def _shutdown_timeout_s(command: str, where: str) -> int:
     found = re.findall(r"--shutdown-timeout[ =](\d+)", command)
-    assert len(found) == 1, f"{where}: vllm serve without --shutdown-timeout N (docs/operations.md#dropped-without-close)"
+    assert len(found) == 1, (
+        f"{where}: vllm serve without --shutdown-timeout N (docs/operations.md#dropped-without-close)"
+    )
     return int(found[0])
 
 
@@ -277,7 +279,9 @@ def test_vllm_drains_and_flushes_before_the_pod_is_killed(name, objects):
         flush_ms = _mounted_config_mapping(objects, container, pod).get(
             "write_behind_close_timeout_ms", EICConfig().write_behind_close_timeout_ms
         )
-        assert drain_s * 1000 > flush_ms, f"{name}: --shutdown-timeout {drain_s} is not above the flush of {flush_ms} ms"
+        assert drain_s * 1000 > flush_ms, (
+            f"{name}: --shutdown-timeout {drain_s} is not above the flush of {flush_ms} ms"
+        )
         grace_s = pod.get("terminationGracePeriodSeconds", 30)  # Kubernetes' default
         assert grace_s > drain_s + flush_ms / 1000, f"{name}: the kubelet kills the pod before vLLM's drain ends"
 
@@ -335,7 +339,7 @@ CONFIG_FILES = sorted(p.name for p in DEPLOY.glob("*.yaml") if p.name != STANDAL
 def test_example_configs_pass_validation(relative):
     config = EICConfig.load(str(DEPLOY / relative))
     assert config.remote_url
-    assert config.model_id, f"{relative}: no model_id (the metrics would say model=\"\")"
+    assert config.model_id, f'{relative}: no model_id (the metrics would say model="")'
 
 
 def test_the_example_in_docs_config_md_passes_validation(tmp_path):
@@ -375,7 +379,18 @@ IMAGE_REQUIREMENTS = ("requirements-image.txt", "requirements-image-nodeps.txt")
 # What every vLLM image has: vLLM's own requirements
 # (https://github.com/vllm-project/vllm/blob/main/requirements/common.txt;
 # uvloop through fastapi[standard], torch through requirements/cuda.txt).
-VLLM_IMAGE_HAS = {"torch", "numpy", "requests", "tqdm", "pydantic", "prometheus-client", "msgspec", "pyyaml", "setuptools", "uvloop"}
+VLLM_IMAGE_HAS = {
+    "torch",
+    "numpy",
+    "requests",
+    "tqdm",
+    "pydantic",
+    "prometheus-client",
+    "msgspec",
+    "pyyaml",
+    "setuptools",
+    "uvloop",
+}
 # aibrix-kvcache declares the PyPI asyncio backport; the standard library's must load.
 NOT_INSTALLED = {"asyncio"}
 
@@ -422,7 +437,9 @@ def test_the_image_gets_every_runtime_requirement(distribution):
         if name in NOT_INSTALLED or name in VLLM_IMAGE_HAS:
             continue
         assert name in pins, f"{distribution} requires {requirement}; the image installs no {name}"
-        assert requirement.specifier.contains(pins[name]), f"{distribution} requires {requirement}; the image pins {pins[name]}"
+        assert requirement.specifier.contains(pins[name]), (
+            f"{distribution} requires {requirement}; the image pins {pins[name]}"
+        )
 
 
 def _verify_requirements():
@@ -450,9 +467,15 @@ def test_the_build_check_names_a_missing_or_refused_requirement(monkeypatch):
 
     monkeypatch.setattr(verify.metadata, "version", version)
     assert [p for p in verify.unmet(["aibrix-eic"], set()) if "lmdb" in p] == [
-        next(f"aibrix-eic requires {r}, which is not installed" for r in verify.metadata.requires("aibrix-eic") if r.startswith("lmdb"))
+        next(
+            f"aibrix-eic requires {r}, which is not installed"
+            for r in verify.metadata.requires("aibrix-eic")
+            if r.startswith("lmdb")
+        )
     ]
-    monkeypatch.setattr(verify.metadata, "version", lambda name: "0.0.1" if _canonical(name) == "pyyaml" else real_version(name))
+    monkeypatch.setattr(
+        verify.metadata, "version", lambda name: "0.0.1" if _canonical(name) == "pyyaml" else real_version(name)
+    )
     assert any("pyyaml 0.0.1 is installed" in p.lower() for p in verify.unmet(["aibrix-eic"], set()))
     assert verify.main(["aibrix-eic"]) == 1
 
@@ -479,7 +502,16 @@ TARGET_LABELS = {"pod", "instance", "job", "container", "namespace", "service", 
 # The ServiceMonitor fields the manifests may use (the Operator's CRD has
 # more); a misspelt one would be dropped by a lenient apply.
 SERVICE_MONITOR_FIELDS = {"selector", "endpoints", "namespaceSelector", "jobLabel", "targetLabels", "podTargetLabels"}
-ENDPOINT_FIELDS = {"port", "path", "interval", "scrapeTimeout", "scheme", "honorLabels", "relabelings", "metricRelabelings"}
+ENDPOINT_FIELDS = {
+    "port",
+    "path",
+    "interval",
+    "scrapeTimeout",
+    "scheme",
+    "honorLabels",
+    "relabelings",
+    "metricRelabelings",
+}
 
 
 def test_the_monitoring_kustomization_scrapes_the_service_and_ships_rules_and_dashboard():
