@@ -100,7 +100,7 @@ class SdkClient:
         self._del_option.ns = config.eic_kv_ns
         # Only the embedded engine reports its fill; a vendor client's
         # attribute of that name, if one ever had it, could mean anything.
-        self._store_usage = getattr(client, "store_usage", None) if module.__name__ == "aibrix_eic.engine" else None
+        self._reports_usage = module.__name__ == "aibrix_eic.engine"
 
     @classmethod
     def connect(cls, module: ModuleType, config: EICConfig) -> "tuple[SdkClient | None, str]":
@@ -227,8 +227,10 @@ class SdkClient:
     def store_usage(self) -> StoreUsage | None:
         """The store's bytes used, capacity and evictions, where the module
         reports them (the embedded engine); None for the vendor SDK."""
-        report = self._store_usage
-        reading = report() if report is not None else None
+        client = self._client  # looked up per call: close() lets go of the client
+        if not self._reports_usage or client is None:
+            return None
+        reading = client.store_usage()
         return None if reading is None else StoreUsage(*reading)
 
     def close(self) -> None:
