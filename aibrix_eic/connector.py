@@ -71,10 +71,14 @@ def never_raises(op: str) -> Callable[[Callable[..., Awaitable[Any]]], Callable[
                 result = Status(StatusCodes.ERROR, f"{op} failed internally: {e!r}")
                 if op == "exists":
                     self._exists.count(result)
-            if metric_op is not None and self._metrics.enabled:
+            if metric_op is not None:
                 try:
-                    outcome = request_outcome(metric_op, result)
-                    self._metrics.record_request(metric_op, outcome, result, args, time.perf_counter() - started)
+                    seconds = time.perf_counter() - started
+                    if self._metrics.enabled:
+                        outcome = request_outcome(metric_op, result)
+                        self._metrics.record_request(metric_op, outcome, result, args, seconds)
+                    if metric_op == "get":
+                        self._note_reuse(args, result, seconds)
                 except Exception as e:  # metrics never cost a request its answer
                     self._rate_log.log("metrics", logging.WARNING, "EIC metrics failed: %r", e)
             return result
@@ -86,6 +90,13 @@ def never_raises(op: str) -> Callable[[Callable[..., Awaitable[Any]]], Callable[
 
 class EICConnector(ConnectorLifecycle):
     """AIBrix L2 connector for EIC (or the embedded engine)."""
+
+    def _note_reuse(self, args: tuple, result: Any, seconds: float) -> None:
+        """A get request's reuse line (observability/reuse.py)."""
+        if isinstance(result, Status) or len(args) < 2 or not result:
+            return  # refused before it was a request
+        loaded = sum(1 for status in result if status.is_ok())  # a prefix
+        self._reuse.get(len(result), loaded, loaded * args[1][0].length if loaded else 0, seconds)
 
     # ------------------------------------------------------- request checks
     def _refusal(self) -> Status | None:

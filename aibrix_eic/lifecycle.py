@@ -24,6 +24,7 @@ from .observability import health as live
 from .observability.counters import Counters
 from .observability.logs import RateLimitedLogger
 from .observability.metrics import for_connector
+from .observability.reuse import ReuseLog
 from .request.checks import BlockChecker, InvalidRequest, slab_regions
 from .request.direct import DirectRequests
 from .request.dispatch import Dispatcher
@@ -61,6 +62,7 @@ class ConnectorLifecycle(Connector[bytes, torch.Tensor]):
         self._metrics = for_connector(self._config, conn_id)
         self._counters = Counters(self._metrics)
         self._rate_log = RateLimitedLogger(logger)
+        self._reuse = ReuseLog()
         self._link = Link(self._config, module, self._codec.prefix, self._counters, self._rate_log)
         live.add(self)  # for aibrix_eic.health()
         self._blocks = BlockChecker(
@@ -74,6 +76,7 @@ class ConnectorLifecycle(Connector[bytes, torch.Tensor]):
         self._exists = ExistsBatcher(rt)
         self._write_behind = WriteBehind(rt, self._dispatcher)
         self._metrics.watch_pending_bytes(self._write_behind.pending_bytes)
+        self._metrics.watch_store_usage(self._link.store_usage)
         self._direct = DirectRequests(rt, self._codec, self._blocks, self._dispatcher, self._write_behind.outlived)
 
     # ------------------------------------------------------------ factory

@@ -338,3 +338,13 @@ class Client:
             for removed in store.delete_many(option.ns, keys)
         ]
         return overall_status(codes), Outcome(codes)
+
+    # ---------------------------------------------------- beyond the SDK
+    def store_usage(self) -> tuple[int, int, int] | None:
+        """(bytes held against the capacity, the capacity, evictions this
+        process made) of the bound store, or None before init. Not an SDK
+        call: the connector's metrics read it where the module has it."""
+        store = self._store
+        if store is None:
+            return None
+        return store.held_bytes, store.capacity, store.stats.evictions

@@ -21,6 +21,7 @@ from aibrix_kvcache.status import Status, StatusCodes
 from ..config import ConfigError, EICConfig
 from ..observability.counters import Counters
 from ..observability.logs import RateLimitedLogger
+from ..observability.metrics import StoreUsage
 from .calls import LinkCalls
 from .pool import PriorityThreadPool
 from .probe import Recovery, warm_up
@@ -121,6 +122,11 @@ class Link(LinkCalls):
             if pool is not None:
                 pool.shutdown()
         self.data_pool = self.meta_pool = None
+
+    def store_usage(self) -> StoreUsage | None:
+        """The connected store's usage where it reports it (the sampler's source)."""
+        session = self.session
+        return None if session is None else session.client.store_usage()
 
     def close(self) -> None:
         with self.state_lock:

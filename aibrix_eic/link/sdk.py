@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from ..config import ConfigError, EICConfig
+from ..observability.metrics import StoreUsage
 
 SDK_WHEEL_URL = "https://eic-sdk-release.tos-cn-beijing.volces.com/python/eic-1.5.2-py3-none-any.whl"
 
@@ -97,6 +98,9 @@ class SdkClient:
         self._exist_option.ns = config.eic_kv_ns
         self._del_option = module.DelOption()
         self._del_option.ns = config.eic_kv_ns
+        # Only the embedded engine reports its fill; a vendor client's
+        # attribute of that name, if one ever had it, could mean anything.
+        self._reports_usage = module.__name__ == "aibrix_eic.engine"
 
     @classmethod
     def connect(cls, module: ModuleType, config: EICConfig) -> "tuple[SdkClient | None, str]":
@@ -219,6 +223,15 @@ class SdkClient:
         except Exception as e:
             return CallResult([FAIL] * len(keys), True, f"mdel raised {e!r}")
         return self._interpret("mdel", status, outcome, len(keys))
+
+    def store_usage(self) -> StoreUsage | None:
+        """The store's bytes used, capacity and evictions, where the module
+        reports them (the embedded engine); None for the vendor SDK."""
+        client = self._client  # looked up per call: close() lets go of the client
+        if not self._reports_usage or client is None:
+            return None
+        reading = client.store_usage()
+        return None if reading is None else StoreUsage(*reading)
 
     def close(self) -> None:
         """Let go of the client. The SDK documents no close; a version that

@@ -11,7 +11,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 SAMPLE_INTERVAL_S = 1.0  # how often sampled series are published
-LABELS = ("namespace", "model", "partition")
+LABELS = ("eic_namespace", "model", "partition")
 OPS = ("get", "put", "exists", "delete")
 # Outcome of one request (one mget/mput/exists/delete call by AIBrix).
 REQUEST_OUTCOMES = {
@@ -134,6 +134,27 @@ class _Families:
         )
         self.write_behind_flushes = Counter(
             "aibrix_eic_write_behind_flushes", "Flush rounds the write-behind flusher sent.", LABELS
+        )
+        # The store's own figures, only where the SDK module reports them
+        # (the embedded engine; the vendor SDK has no such call, and the
+        # series stay absent rather than read 0).
+        self.store_used_bytes = Gauge(
+            "aibrix_eic_store_used_bytes",
+            f"Bytes the store holds against its capacity (sampled every {SAMPLE_INTERVAL_S:g} s; "
+            "the embedded engine only).",
+            LABELS,
+            multiprocess_mode="mostrecent",
+        )
+        self.store_capacity_bytes = Gauge(
+            "aibrix_eic_store_capacity_bytes",
+            "The store's capacity in bytes (the embedded engine only).",
+            LABELS,
+            multiprocess_mode="mostrecent",
+        )
+        self.store_evictions = Counter(
+            "aibrix_eic_store_evictions",
+            "Values the store evicted to make room, by this process (the embedded engine only).",
+            LABELS,
         )
         self.registered_bytes = Gauge(
             "aibrix_eic_registered_bytes",

@@ -1,9 +1,11 @@
 """Prometheus metrics of the EIC connector, named `aibrix_eic_*`.
 
-Every series carries the labels an operator filters on: `namespace` (the
-EIC namespace, eic_kv_ns), `model` (the config's model_id, "" without one)
-and `partition` (the TP rank's slice of AIBrix's conn_id, e.g.
-`h0_7_l0_79`). Never a key.
+Every series carries the labels an operator filters on: `eic_namespace`
+(the EIC namespace, eic_kv_ns; not `namespace`, which Prometheus sets to the
+pod's Kubernetes namespace when it scrapes, and under which the Prometheus
+Operator would rename ours to exported_namespace), `model` (the config's
+model_id, "" without one) and `partition` (the TP rank's slice of AIBrix's
+conn_id, e.g. `h0_7_l0_79`). Never a key.
 
 Where they appear: vLLM's TP workers are processes of their own, and vLLM's
 API server serves `/metrics` from a MultiProcessCollector when
@@ -25,7 +27,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from aibrix_kvcache.status import Status
 
@@ -50,6 +52,7 @@ __all__ = [
     "OPS",
     "ConnectorMetrics",
     "NoMetrics",
+    "StoreUsage",
     "exporter_port",
     "for_connector",
     "partition_of",
@@ -62,14 +65,22 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
+class StoreUsage(NamedTuple):
+    """What a store says of its own fill, where it says it (link/sdk.py)."""
+
+    used_bytes: int
+    capacity_bytes: int
+    evictions: int  # since the store was opened in this process
+
+
 class ConnectorMetrics:
     """One connector's series, bound to its labels."""
 
     enabled = True
 
-    def __init__(self, namespace: str, model: str, partition: str) -> None:
+    def __init__(self, eic_namespace: str, model: str, partition: str) -> None:
         f = families()
-        labels = (namespace, model, partition)
+        labels = (eic_namespace, model, partition)
         self.labels = dict(zip(LABELS, labels))
         self._requests = {
             (op, outcome): f.requests.labels(*labels, op, outcome)
@@ -106,6 +117,9 @@ class ConnectorMetrics:
         self._wb_waits = f.write_behind_waits.labels(*labels)
         self._wb_flushes = f.write_behind_flushes.labels(*labels)
         self.pending_bytes: Callable[[], int] | None = None  # read by the sampler
+        self.store_usage: Callable[[], StoreUsage | None] | None = None  # read by the sampler
+        self._store_series: tuple[Any, Any, Any] | None = None  # bound at the first reading
+        self._evictions_seen = 0
         # Counters fields that map one to one onto a series.
         self._plain = {
             "retries": self._retries,
@@ -122,6 +136,28 @@ class ConnectorMetrics:
     def watch_pending_bytes(self, source: Callable[[], int]) -> None:
         """Sample the write-behind pending bytes from `source`."""
         self.pending_bytes = source
+
+    def watch_store_usage(self, source: Callable[[], StoreUsage | None]) -> None:
+        """Sample the store's usage from `source` (None: the store does not say)."""
+        self.store_usage = source
+
+    def _publish_store_usage(self, usage: StoreUsage) -> None:
+        if self._store_series is None:  # the series exist from the first reading on, never as a made-up 0
+            f, labels = families(), tuple(self.labels.values())
+            self._store_series = (
+                f.store_used_bytes.labels(*labels),
+                f.store_capacity_bytes.labels(*labels),
+                f.store_evictions.labels(*labels),
+            )
+        used, capacity, evictions = self._store_series
+        used.set(usage.used_bytes)
+        capacity.set(usage.capacity_bytes)
+        # The store counts since it was opened here; a count below the last
+        # one is a store opened anew, counting from 0 again.
+        new = usage.evictions - self._evictions_seen if usage.evictions >= self._evictions_seen else usage.evictions
+        if new:
+            evictions.inc(new)
+        self._evictions_seen = usage.evictions
 
     # ------------------------------------------------ from Counters.add
     def counted(self, amounts: Mapping[str, int]) -> None:
@@ -199,6 +235,15 @@ class ConnectorMetrics:
         pending_bytes = self.pending_bytes
         if pending_bytes is not None:
             self._wb_pending_bytes.set(pending_bytes())
+        store_usage = self.store_usage
+        if store_usage is not None:
+            try:
+                usage = store_usage()
+            except Exception:  # a store that cannot answer now: the last reading stands
+                logger.debug("EIC store usage unavailable", exc_info=True)
+                usage = None
+            if usage is not None:
+                self._publish_store_usage(usage)
         for op, count in started.items():
             delta = count - self._published[op]
             if delta:
@@ -263,6 +308,9 @@ class NoMetrics:
 
     def watch_pending_bytes(self, source: Callable[[], int]) -> None:
         pass  # shared by every connector without metrics: remembers nothing
+
+    def watch_store_usage(self, source: Callable[[], StoreUsage | None]) -> None:
+        pass
 
     def counted(self, amounts: Mapping[str, int]) -> None:
         pass

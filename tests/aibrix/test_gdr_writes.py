@@ -57,7 +57,7 @@ def gdr_resends_series(cache) -> float:
         sample.value
         for metric in families().gdr_resends.collect()
         for sample in metric.samples
-        if sample.name.endswith("_total") and sample.labels["namespace"] == namespace
+        if sample.name.endswith("_total") and sample.labels["eic_namespace"] == namespace
     )
 
 

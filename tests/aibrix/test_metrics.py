@@ -63,12 +63,12 @@ class Scrape:
 
     def value(self, name: str, **labels: str) -> float:
         """Sum of the samples of `name` in our namespace matching labels."""
-        wanted = {("namespace", self.namespace), *labels.items()}
+        wanted = {("eic_namespace", self.namespace), *labels.items()}
         return sum(v for (n, ls), v in self.samples.items() if n == name and wanted <= ls)
 
     def by(self, name: str, label: str, **labels: str) -> dict[str, float]:
         totals: dict[str, float] = defaultdict(float)
-        wanted = {("namespace", self.namespace), *labels.items()}
+        wanted = {("eic_namespace", self.namespace), *labels.items()}
         for (n, ls), v in self.samples.items():
             if n == name and wanted <= ls:
                 totals[dict(ls)[label]] += v
@@ -226,7 +226,7 @@ def test_exists_answered_from_queued_writes_is_counted(monkeypatch, tmp_path):
         cache.close()
 
 
-def test_labels_name_namespace_model_and_partition_never_a_key(scraped_manager):
+def test_labels_name_eic_namespace_model_and_partition_never_a_key(scraped_manager):
     cache, scrape = scraped_manager
     query = tokens(2, seed=3)
     assert offload(cache, query, seed=3).is_ok()
@@ -234,8 +234,12 @@ def test_labels_name_namespace_model_and_partition_never_a_key(scraped_manager):
     ours = [labels for (name, labels) in samples if name.startswith("aibrix_eic_")]
     assert ours
     label_names = {name for labels in ours for name, _ in labels}
-    assert {"namespace", "model", "partition"} <= label_names
-    assert label_names <= {"namespace", "model", "partition", "op", "outcome", "direction", "le"}
+    assert {"eic_namespace", "model", "partition"} <= label_names
+    assert label_names <= {"eic_namespace", "model", "partition", "op", "outcome", "direction", "le"}
+    # Not `namespace`: Prometheus attaches the pod's Kubernetes namespace under
+    # that name when it scrapes, and the Prometheus Operator renames a clashing
+    # series label to exported_namespace (docs/operations.md#metrics).
+    assert "namespace" not in label_names
     partitions = {value for labels in ours for name, value in labels if name == "partition"}
     conn_id = connector_of(cache).conn_id
     assert metrics.partition_of(conn_id) in partitions and metrics.partition_of(conn_id) != conn_id

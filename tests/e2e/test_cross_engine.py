@@ -75,7 +75,7 @@ def _spec(name: str, model_dir, workdir, url: str, hash_seed: int, **env: str) -
 
 
 def _series(samples: dict, name: str, **labels: str) -> float:
-    return metric_value(samples, name, namespace=NAMESPACE, **labels)
+    return metric_value(samples, name, eic_namespace=NAMESPACE, **labels)
 
 
 def _hits(server: Server) -> int:

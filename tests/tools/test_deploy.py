@@ -83,9 +83,12 @@ def render_kustomization(directory: Path) -> list[dict]:
         for entry in generator["files"]:
             key, _, name = entry.partition("=")
             data[key] = (directory / (name or key)).read_text()
-        generated.append(
-            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": generator["name"]}, "data": data}
-        )
+        assert set(generator) <= {"name", "files", "options"}, f"{directory}: generator fields {set(generator)}"
+        assert set(generator.get("options", {})) <= {"labels"}, f"{directory}: generator options not supported"
+        metadata = {"name": generator["name"]}
+        if generator.get("options", {}).get("labels"):
+            metadata["labels"] = dict(generator["options"]["labels"])
+        generated.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data})
     objects = generated + objects
     for patch in spec.get("patches", []):
         target = patch["target"]
@@ -115,6 +118,7 @@ def _by_identity(objects: list[dict]) -> dict[tuple[str, str], dict]:
 
 
 OVERLAY_NAMES = sorted(p.name for p in OVERLAYS.iterdir() if (p / "kustomization.yaml").exists())
+MONITORING = DEPLOY / "monitoring"
 
 
 def rendered(overlay: str) -> list[dict]:
@@ -131,12 +135,12 @@ def test_there_is_an_overlay_for_the_embedded_engine_and_one_for_a_cluster():
     assert OVERLAY_NAMES == ["cluster", "embedded"]
 
 
-@pytest.mark.parametrize("overlay", OVERLAY_NAMES)
-def test_our_renderer_agrees_with_kustomize(overlay):
-    theirs = _kubectl_kustomize(OVERLAYS / overlay)
+@pytest.mark.parametrize("directory", [*(OVERLAYS / name for name in OVERLAY_NAMES), MONITORING], ids=lambda p: p.name)
+def test_our_renderer_agrees_with_kustomize(directory):
+    theirs = _kubectl_kustomize(directory)
     if theirs is None:
         pytest.skip("no kubectl with kustomize on this machine; the overlays are rendered by the test's renderer")
-    assert _by_identity(rendered(overlay)) == _by_identity(theirs)
+    assert _by_identity(render_kustomization(directory)) == _by_identity(theirs)
 
 
 def test_the_standalone_manifest_is_the_cluster_overlay():
@@ -211,6 +215,8 @@ def test_the_config_passes_our_validation_as_mounted(name, objects, tmp_path, mo
             )  # fmt: skip
         config = EICConfig.load(str(root / config_path.lstrip("/")))
         monkeypatch.undo()
+        # Names the weights in the keys and the `model` label of every series.
+        assert config.model_id, f'{name}: no model_id (the metrics would say model="")'
         if config.eic_flag_file:
             assert config.eic_flag_file in files, f"{name}: eic_flag_file {config.eic_flag_file} is not mounted"
         if config.eic_log_dir:
@@ -248,6 +254,72 @@ def test_the_deployment_starts_vllm_as_written(name, objects):
         assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
 
 
+def _mounted_config_mapping(objects: list[dict], container: dict, pod: dict) -> dict:
+    files = _mounted_files(objects, container, pod)
+    return yaml.safe_load(files[_env(container)[ENV_CONFIG]]) or {}
+
+
+def _shutdown_timeout_s(command: str, where: str) -> int:
+    found = re.findall(r"--shutdown-timeout[ =](\d+)", command)
+    assert len(found) == 1, (
+        f"{where}: vllm serve without --shutdown-timeout N (docs/operations.md#dropped-without-close)"
+    )
+    return int(found[0])
+
+
+@pytest.mark.parametrize("name,objects", all_manifests(), ids=lambda v: v if isinstance(v, str) else "")
+def test_vllm_drains_and_flushes_before_the_pod_is_killed(name, objects):
+    """vLLM's default shutdown kills the workers with the write-behind
+    queue unsent: the manifests give vLLM a drain longer than the
+    connector's final flush, and the pod a grace period longer than both."""
+    for deployment in _deployments(objects):
+        pod = deployment["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        drain_s = _shutdown_timeout_s(" ".join(container["args"]), name)
+        flush_ms = _mounted_config_mapping(objects, container, pod).get(
+            "write_behind_close_timeout_ms", EICConfig().write_behind_close_timeout_ms
+        )
+        assert drain_s * 1000 > flush_ms, (
+            f"{name}: --shutdown-timeout {drain_s} is not above the flush of {flush_ms} ms"
+        )
+        grace_s = pod.get("terminationGracePeriodSeconds", 30)  # Kubernetes' default
+        assert grace_s > drain_s + flush_ms / 1000, f"{name}: the kubelet kills the pod before vLLM's drain ends"
+
+
+def _fenced_blocks(markdown: str) -> list[str]:
+    """The bodies of the fenced code blocks, opening and closing fences paired."""
+    blocks, body = [], None
+    for line in markdown.splitlines():
+        if line.strip().startswith("```"):
+            if body is None:
+                body = []
+            else:
+                blocks.append("\n".join(body))
+                body = None
+        elif body is not None:
+            body.append(line)
+    return blocks
+
+
+def test_the_readme_and_docs_start_vllm_with_a_shutdown_timeout():
+    for page in (REPO / "README.md", REPO / "docs" / "vllm.md"):
+        commands = [block for block in _fenced_blocks(page.read_text()) if "vllm serve" in block]
+        assert commands, f"{page.name}: no vllm serve example"
+        for block in commands:
+            assert _shutdown_timeout_s(block, page.name) * 1000 > EICConfig().write_behind_close_timeout_ms
+
+
+@pytest.mark.parametrize("name,objects", all_manifests(), ids=lambda v: v if isinstance(v, str) else "")
+def test_a_plain_prometheus_scrapes_the_pod_from_its_annotations(name, objects):
+    for deployment in _deployments(objects):
+        template = deployment["spec"]["template"]
+        annotations = template["metadata"]["annotations"]
+        ports = {p["containerPort"] for p in template["spec"]["containers"][0]["ports"]}
+        assert annotations["prometheus.io/scrape"] == "true"
+        assert int(annotations["prometheus.io/port"]) in ports
+        assert annotations["prometheus.io/path"] == "/metrics"
+
+
 def test_rdma_needs_ipc_lock_and_root_only_in_the_cluster_variant():
     cluster = _deployments(rendered("cluster"))[0]["spec"]["template"]["spec"]
     assert "IPC_LOCK" in cluster["containers"][0]["securityContext"]["capabilities"]["add"]
@@ -267,6 +339,7 @@ CONFIG_FILES = sorted(p.name for p in DEPLOY.glob("*.yaml") if p.name != STANDAL
 def test_example_configs_pass_validation(relative):
     config = EICConfig.load(str(DEPLOY / relative))
     assert config.remote_url
+    assert config.model_id, f'{relative}: no model_id (the metrics would say model="")'
 
 
 def test_the_example_in_docs_config_md_passes_validation(tmp_path):
@@ -302,17 +375,176 @@ def test_dockerignore_sends_only_what_the_dockerfile_copies():
     assert re.search(r"^USER (?!0\b|root\b)\S+", dockerfile, re.M), "the image runs as a non-root user"
 
 
+IMAGE_REQUIREMENTS = ("requirements-image.txt", "requirements-image-nodeps.txt")
+# What every vLLM image has: vLLM's own requirements
+# (https://github.com/vllm-project/vllm/blob/main/requirements/common.txt;
+# uvloop through fastapi[standard], torch through requirements/cuda.txt).
+VLLM_IMAGE_HAS = {
+    "torch",
+    "numpy",
+    "requests",
+    "tqdm",
+    "pydantic",
+    "prometheus-client",
+    "msgspec",
+    "pyyaml",
+    "setuptools",
+    "uvloop",
+}
+# aibrix-kvcache declares the PyPI asyncio backport; the standard library's must load.
+NOT_INSTALLED = {"asyncio"}
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def image_pins() -> dict[str, str]:
+    """Package -> pinned version, from the requirement files the Dockerfile installs."""
+    pins = {}
+    for name in IMAGE_REQUIREMENTS:
+        for line in (DEPLOY / name).read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                match = re.fullmatch(r"([A-Za-z0-9_.-]+)==([0-9][0-9A-Za-z.]*)", line)
+                assert match, f"{name}: not pinned: {line}"
+                pins[_canonical(match.group(1))] = match.group(2)
+    return pins
+
+
 def test_image_requirements_are_pinned():
-    for line in (DEPLOY / "requirements-image.txt").read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            assert re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][0-9A-Za-z.]*", line), f"not pinned: {line}"
+    assert image_pins()
+
+
+def _runtime_requirements(distribution: str) -> list:
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    requirements = [Requirement(text) for text in metadata.requires(distribution) or []]
+    # Extras and other Pythons aside; the image's Python is 3.12.
+    return [r for r in requirements if r.marker is None or r.marker.evaluate({"extra": "", "python_version": "3.12"})]
+
+
+@pytest.mark.parametrize("distribution", ["aibrix-eic", "aibrix-kvcache"])
+def test_the_image_gets_every_runtime_requirement(distribution):
+    """Each requirement is pinned in the image's requirement files (at a
+    version it accepts) or comes with every vLLM image: lmdb, the shared
+    mode's store, was once missing and only --no-deps hid it."""
+    pins = image_pins()
+    for requirement in _runtime_requirements(distribution):
+        name = _canonical(requirement.name)
+        if name in NOT_INSTALLED or name in VLLM_IMAGE_HAS:
+            continue
+        assert name in pins, f"{distribution} requires {requirement}; the image installs no {name}"
+        assert requirement.specifier.contains(pins[name]), (
+            f"{distribution} requires {requirement}; the image pins {pins[name]}"
+        )
+
+
+def _verify_requirements():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("verify_requirements", DEPLOY / "verify_requirements.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_build_check_passes_where_everything_is_installed():
+    assert _verify_requirements().unmet(["aibrix-eic", "aibrix-kvcache"], NOT_INSTALLED) == []
+
+
+def test_the_build_check_names_a_missing_or_refused_requirement(monkeypatch):
+    verify = _verify_requirements()
+    assert verify.unmet(["no-such-distribution"], set()) == ["no-such-distribution is not installed"]
+    real_version = verify.metadata.version
+
+    def version(name):
+        if _canonical(name) == "lmdb":
+            raise verify.metadata.PackageNotFoundError(name)
+        return real_version(name)
+
+    monkeypatch.setattr(verify.metadata, "version", version)
+    assert [p for p in verify.unmet(["aibrix-eic"], set()) if "lmdb" in p] == [
+        next(
+            f"aibrix-eic requires {r}, which is not installed"
+            for r in verify.metadata.requires("aibrix-eic")
+            if r.startswith("lmdb")
+        )
+    ]
+    monkeypatch.setattr(
+        verify.metadata, "version", lambda name: "0.0.1" if _canonical(name) == "pyyaml" else real_version(name)
+    )
+    assert any("pyyaml 0.0.1 is installed" in p.lower() for p in verify.unmet(["aibrix-eic"], set()))
+    assert verify.main(["aibrix-eic"]) == 1
+
+
+def test_the_dockerfile_checks_what_no_deps_skipped_and_runs_the_shared_mode():
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    run = dockerfile[dockerfile.index("RUN python3 -m pip list") :]
+    run = run[: run.index("\n\n")]
+    installs = re.findall(r"pip install ([^&]*)", run)
+    for install in installs:
+        # Every install keeps the base image's packages (the SDK is one wheel, hash-checked).
+        assert "-c /tmp/aibrix-eic/base-image.txt" in install or "--require-hashes" in install, install
+        if "--no-deps" in install and "--require-hashes" not in install:
+            assert "requirements-image.txt" not in install, "requirements-image.txt goes in with its dependencies"
+    checked = run.index("verify_requirements.py aibrix-eic aibrix-kvcache --skip asyncio")
+    assert all(run.index(f"pip install {i}") < checked for i in installs), "the check runs after every install"
+    assert re.search(r"local://[^ ]*\?dir=", run) and "aibrix-eic check --config" in run, "no shared-mode round trip"
 
 
 # ----------------------------------------------------------- monitoring
-MONITORING = DEPLOY / "monitoring"
-# Labels Prometheus adds when it scrapes a pod, which the rules may group by.
-TARGET_LABELS = {"pod", "instance", "job", "container", "namespace"}
+# Labels Prometheus adds when it scrapes a pod, which the rules may group by
+# (the Prometheus Operator's ServiceMonitor adds service and endpoint).
+TARGET_LABELS = {"pod", "instance", "job", "container", "namespace", "service", "endpoint"}
+# The ServiceMonitor fields the manifests may use (the Operator's CRD has
+# more); a misspelt one would be dropped by a lenient apply.
+SERVICE_MONITOR_FIELDS = {"selector", "endpoints", "namespaceSelector", "jobLabel", "targetLabels", "podTargetLabels"}
+ENDPOINT_FIELDS = {
+    "port",
+    "path",
+    "interval",
+    "scrapeTimeout",
+    "scheme",
+    "honorLabels",
+    "relabelings",
+    "metricRelabelings",
+}
+
+
+def test_the_monitoring_kustomization_scrapes_the_service_and_ships_rules_and_dashboard():
+    objects = _by_identity(render_kustomization(MONITORING))
+    assert set(objects) == {
+        ("ServiceMonitor", "llama70b-aibrix-eic"),
+        ("PrometheusRule", "aibrix-eic"),
+        ("ConfigMap", "aibrix-eic-grafana-dashboard"),
+    }
+    dashboard = objects["ConfigMap", "aibrix-eic-grafana-dashboard"]
+    kubernetes_validate.validate(dashboard, K8S_VERSION, strict=True)
+    assert dashboard["metadata"]["labels"] == {"grafana_dashboard": "1"}  # Grafana's sidecar picks it up
+    assert json.loads(dashboard["data"]["grafana-dashboard.json"])["uid"] == "aibrix-eic"
+
+    monitor = objects["ServiceMonitor", "llama70b-aibrix-eic"]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(monitor["spec"]) <= SERVICE_MONITOR_FIELDS, set(monitor["spec"]) - SERVICE_MONITOR_FIELDS
+    for overlay in OVERLAY_NAMES:
+        deployed = _by_identity(rendered(overlay))
+        service = deployed["Service", "llama70b-aibrix-eic"]
+        container = deployed["Deployment", "llama70b-aibrix-eic"]["spec"]["template"]["spec"]["containers"][0]
+        # The selector picks the Service, by its labels.
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+        service_ports = {p["name"]: p for p in service["spec"]["ports"]}
+        container_ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        for endpoint in monitor["spec"]["endpoints"]:
+            assert set(endpoint) <= ENDPOINT_FIELDS, set(endpoint) - ENDPOINT_FIELDS
+            # A named Service port whose target is vLLM's port, the one /metrics is on.
+            target = service_ports[endpoint["port"]]["targetPort"]
+            assert container_ports.get(target, target) == 8000, (overlay, endpoint)
+            assert endpoint["path"] == "/metrics"
+            # honorLabels would let a series label override the target's (a pod's namespace).
+            assert not endpoint.get("honorLabels", False)
 
 
 def exported_series() -> dict[str, set[str]]:
@@ -320,9 +552,11 @@ def exported_series() -> dict[str, set[str]]:
     from a live registry rather than written down twice."""
     from prometheus_client import REGISTRY
 
-    from aibrix_eic.observability.metrics import ConnectorMetrics
+    from aibrix_eic.observability.metrics import ConnectorMetrics, StoreUsage
 
-    ConnectorMetrics("deploy-test", "", "h0_0_l0_0")
+    connector_metrics = ConnectorMetrics("deploy-test", "", "h0_0_l0_0")
+    connector_metrics.watch_store_usage(lambda: StoreUsage(1, 2, 0))  # as the embedded engine reports it
+    connector_metrics.publish()
     series: dict[str, set[str]] = {}
     for family in REGISTRY.collect():
         for sample in family.samples:
@@ -356,7 +590,7 @@ def check_promql(where: str, expr: str) -> list[str]:
     import promql_parser
 
     # Grafana's variables, as values a query can hold.
-    expr = expr.replace("$__rate_interval", "5m").replace("$namespace", ".*").replace("$model", ".*")
+    expr = expr.replace("$__rate_interval", "5m").replace("$eic_namespace", ".*").replace("$model", ".*")
     try:
         tree = promql_parser.parse(expr)
     except Exception as e:
@@ -390,6 +624,15 @@ def check_promql(where: str, expr: str) -> list[str]:
     return names
 
 
+def test_no_series_label_is_one_prometheus_sets_on_the_target():
+    """Prometheus attaches the target's labels (the Prometheus Operator: the
+    pod's Kubernetes `namespace`, `pod`, `container`, ...) to every scraped
+    series; a series label of the same name is renamed `exported_<name>`,
+    and rules grouping by it would read the Kubernetes value."""
+    clashing = {name: labels & TARGET_LABELS for name, labels in exported_series().items() if labels & TARGET_LABELS}
+    assert not clashing, f"series labels Prometheus overwrites when it scrapes: {clashing}"
+
+
 def test_prometheus_rule_alerts_on_the_breaker_the_hit_rate_and_timeouts():
     rule = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())
     assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["kind"] == "PrometheusRule"
@@ -415,11 +658,17 @@ def test_the_rule_check_catches_a_misspelt_series():
         check_promql("typo", 'sum(rate(aibrix_eic_blocks_total{outcome="hits"}[5m]))')
 
 
+def _grouping_labels(expr: str) -> set[str]:
+    """The labels an expression's outer aggregation keeps (`sum by (a, b)`)."""
+    match = re.match(r"\s*\w+\s+by\s*\(([^)]*)\)", expr) or re.search(r"\bby\s*\(([^)]*)\)", expr)
+    return {label.strip() for label in match.group(1).split(",")} if match else set()
+
+
 def test_grafana_dashboard_queries_what_we_export():
     dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text())
     assert dashboard["uid"] and dashboard["title"] and dashboard["schemaVersion"] >= 30
     variables = {v["name"] for v in dashboard["templating"]["list"]}
-    assert {"datasource", "namespace", "model"} <= variables
+    assert {"datasource", "eic_namespace", "model"} <= variables
     read = set()
     ids = [panel["id"] for panel in dashboard["panels"]]
     assert len(set(ids)) == len(ids)
@@ -427,6 +676,10 @@ def test_grafana_dashboard_queries_what_we_export():
         assert panel["title"] and panel["targets"]
         for target in panel["targets"]:
             read.update(check_promql(f"panel {panel['title']!r}", target["expr"]))
+            legend_labels = set(re.findall(r"{{\s*(\w+)\s*}}", target.get("legendFormat", "")))
+            assert legend_labels <= _grouping_labels(target["expr"]), (
+                f"panel {panel['title']!r}: legend {target['legendFormat']!r} names a label the query drops"
+            )
     # Every family has a panel.
     families = {re.sub(r"_(total|bucket|sum|count)$", "", name) for name in exported_series()}
     shown = {re.sub(r"_(total|bucket|sum|count)$", "", name) for name in read}
