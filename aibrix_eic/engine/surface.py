@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from ..engine import device
 from ..util import address_ranges as intervals
+from . import open_errors
 from .enums import LogLevel, MemoryType, StatusCode, TransportType, overall_status
 from .registry import open_store
 from .store_api import StoreApi
@@ -124,6 +125,17 @@ def _require_buffers(call: str, buffers: object) -> None:
         raise TypeError(f"{call}(): incompatible function arguments: expected IOBuffers, got {type(buffers).__name__}")
 
 
+def _require_init_arguments(instance_id: object, endpoint: object, option: object) -> None:
+    # std::string parameters refuse None as the option's string fields do, and
+    # a `const InitOption&` takes no None either.
+    if type(instance_id) is not str or type(endpoint) is not str or not isinstance(option, InitOption):
+        given = ", ".join(type(arg).__name__ for arg in (instance_id, endpoint, option))
+        raise TypeError(
+            "init(): incompatible function arguments: expected (instance_id: str, endpoint: str, "
+            f"option: InitOption), got ({given})"
+        )
+
+
 def _failed(nkeys: int, code: StatusCode = StatusCode.FAILED) -> tuple[StatusCode, Outcome]:
     return StatusCode.FAILED, Outcome([code] * nkeys)
 
@@ -137,23 +149,40 @@ class Client:
         self._registered: intervals.Index = intervals.EMPTY
         self._device: intervals.Index = intervals.EMPTY  # the registered regions that are device memory
         self._registration_lock = threading.Lock()
+        # Why the last init failed (engine only: the SDK writes it to its log
+        # files); the connector adds it to its own message.
+        self.last_error = ""
 
     # ------------------------------------------------------------ lifecycle
-    def init(self, instance_id: str, endpoint: str, option: InitOption | None = None) -> int:
+    def init(self, instance_id: str, endpoint: str, option: InitOption) -> int:
         """Bind to the store named by `endpoint`. 0 on success.
 
-        Returns -1 when the store is marked unreachable (a real cluster that
+        Never raises for a store it cannot open: returns -1 when the store
+        is marked unreachable or cannot be opened (a real cluster that
         cannot be reached does the same) and -22 for an endpoint it cannot
-        parse or an option of the wrong type.
+        parse; `last_error` and the log (once per message) say why, with
+        the store's path and the fix. Arguments the binding itself would
+        refuse raise TypeError before anything runs, as they do there.
         """
-        if option is not None and not isinstance(option.transport_type, TransportType):
-            return -22
+        _require_init_arguments(instance_id, endpoint, option)
+        self.last_error = ""
         try:
             store = open_store(endpoint)
-        except ValueError:
-            return -22
-        if store.faults.unreachable:
-            return -1
+        except ValueError as e:  # the endpoint's text: nothing was opened
+            self.last_error = f"bad endpoint {endpoint!r}: {e}"
+            open_errors.report(self.last_error)
+            return open_errors.INVALID
+        except Exception as e:
+            problem = open_errors.explain(endpoint, e)
+            if problem is None:
+                self.last_error = f"opening {endpoint!r} failed internally: {e!r}; this is a bug in aibrix-eic"
+                open_errors.report(self.last_error, exc_info=e)
+            else:
+                self.last_error = str(problem)
+                open_errors.report(problem)
+            return open_errors.UNAVAILABLE
+        if store.faults.unreachable:  # a model of the SDK's cluster: says no more than it would
+            return open_errors.UNAVAILABLE
         self._store = store
         self._instance_id = instance_id
         return 0
