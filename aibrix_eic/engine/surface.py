@@ -302,9 +302,11 @@ class Client:
 
     def mget(
         self, keys: Sequence[str], option: GetOption | None = None, vals: IOBuffers | None = None
-    ) -> tuple[StatusCode, IOBuffers | list, Outcome]:
-        """Copy values into `vals`. With vals=None, values come back as a
-        list of bytes (None for a miss) in the second element."""
+    ) -> tuple[StatusCode, IOBuffers | list[str], Outcome]:
+        """Copy values into `vals`. With vals=None, values come back in the
+        second element as a list of str, as a binding returning C++ strings
+        gives them: UTF-8 decoded ("" for a key without a value); a value
+        that is not UTF-8 raises UnicodeDecodeError (docs/engine.md)."""
         _require_keys("mget", keys)
         if vals is not None:
             _require_buffers("mget", vals)
@@ -316,29 +318,30 @@ class Client:
         if isinstance(store, tuple):
             return store[0], vals if vals is not None else [], store[1]
         if vals is None:
-            return self._mget_as_bytes(store, keys, option.ns)
+            return self._mget_as_text(store, keys, option.ns)
         codes, todo_index, todo_keys, todo_buffers = self._screen(store, keys, vals, None)
         if todo_index:
             fetched = store.get_many(option.ns, todo_keys, todo_buffers, **self._on_device(todo_buffers))
             codes = self._merge(codes, todo_index, fetched)
         return overall_status(codes), vals, Outcome(codes)
 
-    def _mget_as_bytes(self, store: StoreApi, keys: Sequence[str], ns: str) -> tuple[StatusCode, list, Outcome]:
+    def _mget_as_text(self, store: StoreApi, keys: Sequence[str], ns: str) -> tuple[StatusCode, list[str], Outcome]:
         import ctypes
 
-        values: list[bytes | None] = []
+        raw: list[bytes] = []
         codes: list[StatusCode] = []
         for key in keys:
             size = store.value_size(ns, key)
             if size is None:
-                values.append(None)
+                raw.append(b"")
                 codes.append(StatusCode.KEY_NOT_EXIST)
                 continue
             out = ctypes.create_string_buffer(size)
             code = store.get_many(ns, [key], [(ctypes.addressof(out), size)])[0]
-            values.append(out.raw if code == StatusCode.SUCCESS else None)
+            raw.append(out.raw if code == StatusCode.SUCCESS else b"")
             codes.append(code)
-        return overall_status(codes), values, Outcome(codes)
+        # The cast of the reply, after the call: strict UTF-8, as pybind11's std::string -> str.
+        return overall_status(codes), [value.decode("utf-8") for value in raw], Outcome(codes)
 
     def mexist(self, keys: Sequence[str], option: ExistOption | None = None) -> tuple[StatusCode, Outcome]:
         _require_keys("mexist", keys)
