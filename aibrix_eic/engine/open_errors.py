@@ -52,10 +52,11 @@ def explain(endpoint: str, error: BaseException) -> StoreUnavailable | None:
         return error
     path = store_path(endpoint)
     if isinstance(error, ImportError):
+        module = error.name or "lmdb"  # lmdb is the one the shared mode adds
         return StoreUnavailable(
             path,
-            f"the shared mode needs the Python module lmdb, and it cannot be imported ({error})",
-            "install it into this environment (`pip install lmdb`; aibrix-eic declares it), "
+            f"the shared mode needs the Python module {module}, and it cannot be imported ({error})",
+            f"install it into this environment (`pip install {module}`; aibrix-eic declares it), "
             "or drop dir= from remote_url to use a store inside this process",
         )
     if isinstance(error, OSError):
