@@ -167,7 +167,7 @@ class ConnectorLifecycle(Connector[bytes, torch.Tensor]):
             status = self._link.open()
             if status.is_ok():
                 self._write_behind.start()
-                call_at_exit(self._write_behind.finish_at_exit)
+                call_at_exit(*self._write_behind.exit_hooks)
                 logger.info(
                     "EIC connector open: remote_url=%s ns=%r conn_id=%s io_threads=%d connected=%s",
                     self._config.remote_url,

@@ -11,6 +11,8 @@ def what_to_fix(message: str, config: EICConfig | None) -> str:
     lowered = message.lower()
     if "needs the eic python sdk" in lowered:
         return "install the SDK wheel named above, or use remote_url: local://"
+    if embedded and "shared store" in lowered:  # the engine's message says the cause and the fix itself
+        return "do what the message says after the cause, or drop dir= from remote_url for a store in this process"
     if "unreachable" in lowered or "init returned -1" in lowered:
         if embedded:
             return "remote_url asks the embedded engine to act unreachable (unreachable=true); remove that"

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from aibrix_kvcache.status import Status
 
     from ..connector import EICConnector
+    from ..engine.store_api import StoreApi
 
 PASS, FAIL, WARN, SKIP = "PASS", "FAIL", "WARN", "SKIP"
 
@@ -46,6 +47,25 @@ class StepFailed(Exception):
 
 def what_to_fix(config: EICConfig | None, message: str) -> str:
     return _advice(message, config)
+
+
+def open_engine_store(endpoint: str) -> "StoreApi":
+    """The embedded engine's store as Client.init will see it (remote_url's
+    parameters applied). A store that cannot be opened (a shared store's
+    directory, files or the lmdb module) is the setup's problem, said with
+    its path, cause and fix; anything else is left to the step's own
+    handling of bugs."""
+    from ..engine import open_errors, open_store
+
+    try:
+        return open_store(endpoint)
+    except Exception as e:
+        problem = open_errors.explain(endpoint, e)
+        if problem is None:
+            raise
+        raise StepFailed(
+            f"the embedded engine cannot open shared store {problem.path}: {problem.cause}", problem.fix
+        ) from None
 
 
 def _region_class():
@@ -129,10 +149,7 @@ class CheckSteps:
                 "install the vendor SDK into this Python environment, or use remote_url: local://",
             ) from None
         if self.cfg.uses_embedded_engine:
-            from ..engine import open_store
-
-            # As Client.init will see it: with remote_url's parameters applied.
-            store = open_store(self.cfg.endpoint)
+            store = open_engine_store(self.cfg.endpoint)
             faults = store.faults
             notes = [f"capacity {format_size(store.capacity)}"]
             if faults.latency_s:

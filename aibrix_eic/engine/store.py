@@ -56,6 +56,11 @@ class StoreStats:
 
 
 MEXIST_MISS_READINGS = ("success", "failed")
+# The largest value a store takes unless `max_value=` says otherwise. Large enough for what public EIC callers write as one value (an
+# LMCache chunk of an 8B model is 32 MiB, the bytedance-iaas model loader's
+# values reach 20 MiB), small enough to catch a runaway size; `max_value=4MiB`
+# models the agents that split at 4 MiB. docs/engine.md gives the evidence.
+DEFAULT_MAX_VALUE_BYTES = 64 * 1024**2
 
 
 class Store(StoreBuffers):
@@ -72,7 +77,7 @@ class Store(StoreBuffers):
         self,
         name: str = "default",
         capacity: int = 4 * 1024**3,
-        max_value_bytes: int = 4 * 1024**2,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         namespaces: Iterable[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

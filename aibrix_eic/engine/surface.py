@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from ..engine import device
 from ..util import address_ranges as intervals
+from . import open_errors
 from .enums import LogLevel, MemoryType, StatusCode, TransportType, overall_status
 from .registry import open_store
 from .store_api import StoreApi
@@ -124,6 +125,17 @@ def _require_buffers(call: str, buffers: object) -> None:
         raise TypeError(f"{call}(): incompatible function arguments: expected IOBuffers, got {type(buffers).__name__}")
 
 
+def _require_init_arguments(instance_id: object, endpoint: object, option: object) -> None:
+    # std::string parameters refuse None as the option's string fields do, and
+    # a `const InitOption&` takes no None either.
+    if type(instance_id) is not str or type(endpoint) is not str or not isinstance(option, InitOption):
+        given = ", ".join(type(arg).__name__ for arg in (instance_id, endpoint, option))
+        raise TypeError(
+            "init(): incompatible function arguments: expected (instance_id: str, endpoint: str, "
+            f"option: InitOption), got ({given})"
+        )
+
+
 def _failed(nkeys: int, code: StatusCode = StatusCode.FAILED) -> tuple[StatusCode, Outcome]:
     return StatusCode.FAILED, Outcome([code] * nkeys)
 
@@ -137,23 +149,40 @@ class Client:
         self._registered: intervals.Index = intervals.EMPTY
         self._device: intervals.Index = intervals.EMPTY  # the registered regions that are device memory
         self._registration_lock = threading.Lock()
+        # Why the last init failed (engine only: the SDK writes it to its log
+        # files); the connector adds it to its own message.
+        self.last_error = ""
 
     # ------------------------------------------------------------ lifecycle
-    def init(self, instance_id: str, endpoint: str, option: InitOption | None = None) -> int:
+    def init(self, instance_id: str, endpoint: str, option: InitOption) -> int:
         """Bind to the store named by `endpoint`. 0 on success.
 
-        Returns -1 when the store is marked unreachable (a real cluster that
+        Never raises for a store it cannot open: returns -1 when the store
+        is marked unreachable or cannot be opened (a real cluster that
         cannot be reached does the same) and -22 for an endpoint it cannot
-        parse or an option of the wrong type.
+        parse; `last_error` and the log (once per message) say why, with
+        the store's path and the fix. Arguments the binding itself would
+        refuse raise TypeError before anything runs, as they do there.
         """
-        if option is not None and not isinstance(option.transport_type, TransportType):
-            return -22
+        _require_init_arguments(instance_id, endpoint, option)
+        self.last_error = ""
         try:
             store = open_store(endpoint)
-        except ValueError:
-            return -22
-        if store.faults.unreachable:
-            return -1
+        except ValueError as e:  # the endpoint's text: nothing was opened
+            self.last_error = f"bad endpoint {endpoint!r}: {e}"
+            open_errors.report(self.last_error)
+            return open_errors.INVALID
+        except Exception as e:
+            problem = open_errors.explain(endpoint, e)
+            if problem is None:
+                self.last_error = f"opening {endpoint!r} failed internally: {e!r}; this is a bug in aibrix-eic"
+                open_errors.report(self.last_error, exc_info=e)
+            else:
+                self.last_error = str(problem)
+                open_errors.report(problem)
+            return open_errors.UNAVAILABLE
+        if store.faults.unreachable:  # a model of the SDK's cluster: says no more than it would
+            return open_errors.UNAVAILABLE
         self._store = store
         self._instance_id = instance_id
         return 0
@@ -273,9 +302,11 @@ class Client:
 
     def mget(
         self, keys: Sequence[str], option: GetOption | None = None, vals: IOBuffers | None = None
-    ) -> tuple[StatusCode, IOBuffers | list, Outcome]:
-        """Copy values into `vals`. With vals=None, values come back as a
-        list of bytes (None for a miss) in the second element."""
+    ) -> tuple[StatusCode, IOBuffers | list[str], Outcome]:
+        """Copy values into `vals`. With vals=None, values come back in the
+        second element as a list of str, as a binding returning C++ strings
+        gives them: UTF-8 decoded ("" for a key without a value); a value
+        that is not UTF-8 raises UnicodeDecodeError (docs/engine.md)."""
         _require_keys("mget", keys)
         if vals is not None:
             _require_buffers("mget", vals)
@@ -287,29 +318,30 @@ class Client:
         if isinstance(store, tuple):
             return store[0], vals if vals is not None else [], store[1]
         if vals is None:
-            return self._mget_as_bytes(store, keys, option.ns)
+            return self._mget_as_text(store, keys, option.ns)
         codes, todo_index, todo_keys, todo_buffers = self._screen(store, keys, vals, None)
         if todo_index:
             fetched = store.get_many(option.ns, todo_keys, todo_buffers, **self._on_device(todo_buffers))
             codes = self._merge(codes, todo_index, fetched)
         return overall_status(codes), vals, Outcome(codes)
 
-    def _mget_as_bytes(self, store: StoreApi, keys: Sequence[str], ns: str) -> tuple[StatusCode, list, Outcome]:
+    def _mget_as_text(self, store: StoreApi, keys: Sequence[str], ns: str) -> tuple[StatusCode, list[str], Outcome]:
         import ctypes
 
-        values: list[bytes | None] = []
+        raw: list[bytes] = []
         codes: list[StatusCode] = []
         for key in keys:
             size = store.value_size(ns, key)
             if size is None:
-                values.append(None)
+                raw.append(b"")
                 codes.append(StatusCode.KEY_NOT_EXIST)
                 continue
             out = ctypes.create_string_buffer(size)
             code = store.get_many(ns, [key], [(ctypes.addressof(out), size)])[0]
-            values.append(out.raw if code == StatusCode.SUCCESS else None)
+            raw.append(out.raw if code == StatusCode.SUCCESS else b"")
             codes.append(code)
-        return overall_status(codes), values, Outcome(codes)
+        # The cast of the reply, after the call: strict UTF-8, as pybind11's std::string -> str.
+        return overall_status(codes), [value.decode("utf-8") for value in raw], Outcome(codes)
 
     def mexist(self, keys: Sequence[str], option: ExistOption | None = None) -> tuple[StatusCode, Outcome]:
         _require_keys("mexist", keys)

@@ -134,6 +134,10 @@ class SdkClient:
         except Exception as e:  # a vendor binding may raise anything
             return None, f"eic client setup raised {e!r}"
         if ret != 0:
+            # The engine says why (a shared store's path, cause and fix); the SDK writes it to its logs.
+            why = getattr(client, "last_error", "")
+            if isinstance(why, str) and why:
+                return None, f"init returned {ret}: {why}"
             where = "the embedded engine" if config.uses_embedded_engine else f"the EIC cluster at {config.remote_url}"
             reason = " (unreachable)" if ret == -1 else ""
             return None, f"init returned {ret}: {where} did not accept the client{reason}"

@@ -22,7 +22,9 @@ process, for a case no known caller has.
 A finalizer's close() never waits, yet AIBrix 0.8's vLLM connector closes
 its cache manager only from `__del__`: so the connector's threads go on
 sending the pending writes by themselves, for a bounded time, and
-`call_at_exit` makes the process wait for them before it ends. It is a
+`call_at_exit` makes the process wait for them before it ends: every
+connector's flush is started first, then each is waited for, so a process
+with N connectors waits about one write_behind_close_timeout_ms, not N. It is a
 multiprocessing finalizer, which runs both at interpreter exit (through
 atexit) and when a multiprocessing child returns from its target, where
 atexit never runs (a forked child ends in os._exit). vLLM's engine-core and
@@ -64,19 +66,25 @@ def close_may_wait() -> bool:
     return True
 
 
-_at_exit: list[tuple[int, weakref.WeakMethod]] = []  # (pid, bound method), this process's only
+# (pid, begin, finish): bound methods of one object, this process's only.
+_at_exit: list[tuple[int, weakref.WeakMethod, weakref.WeakMethod]] = []
 _at_exit_hooked: set[int] = set()  # pids whose multiprocessing finalizer is registered
 _at_exit_lock = threading.Lock()
 
 
-def call_at_exit(method: Callable[[], object]) -> None:
-    """Call the bound `method` when this process exits normally, unless its
-    object is gone by then. Entries made before a fork are not the child's
+def call_at_exit(begin: Callable[[], object], finish: Callable[[], object]) -> None:
+    """When this process exits normally, call every registered `begin`, then
+    every `finish` (bound methods of one object; skipped once it is gone).
+    `begin` must not wait: it starts what `finish` waits for, so N objects
+    flushing at exit wait side by side, about as long as the slowest one,
+    not one after another. Entries made before a fork are not the child's
     (its copies have no threads to flush with) and are skipped there."""
     pid = os.getpid()
     with _at_exit_lock:
-        _at_exit[:] = [(p, ref) for p, ref in _at_exit if p == pid and ref() is not None and ref() != method]
-        _at_exit.append((pid, weakref.WeakMethod(method)))
+        _at_exit[:] = [
+            entry for entry in _at_exit if entry[0] == pid and entry[1]() is not None and entry[1]() != begin
+        ]
+        _at_exit.append((pid, weakref.WeakMethod(begin), weakref.WeakMethod(finish)))
         if pid not in _at_exit_hooked:
             _at_exit_hooked.add(pid)
             # exitpriority >= 0 runs before multiprocessing terminates this process's daemonic children.
@@ -86,10 +94,13 @@ def call_at_exit(method: Callable[[], object]) -> None:
 def _run_at_exit() -> None:
     pid = os.getpid()
     with _at_exit_lock:
-        methods = [ref() for p, ref in _at_exit if p == pid]
+        hooks = [(begin(), finish()) for p, begin, finish in _at_exit if p == pid]
         _at_exit.clear()
-    for method in methods:
-        if method is not None:
+    for phase in (0, 1):
+        for hook in hooks:
+            method = hook[phase]
+            if method is None:
+                continue
             try:
                 method()
             except Exception:  # a bug; the exit goes on

@@ -126,18 +126,23 @@ class Flusher:
         thread = self._thread
         return (thread is None or not thread.is_alive()) and not self._table.inflight
 
-    def finish_at_exit(self) -> None:
-        """At process exit (util/teardown.py's call_at_exit; registered on the
-        flusher, which its watcher keeps alive after the connector is gone):
-        a flusher still running (its connector never closed) flushes as an
-        abandoned one does; wait until the watcher is done, at most until its
-        flush deadline."""
-        if self.running:
-            with self._table.cond:
-                pending = len(self._table.queued) + len(self._table.inflight)
-            if pending:
-                logger.info("EIC flushing %d pending writes at process exit", pending)
-            self.abandon(self._config.write_behind_close_timeout_ms / 1000)
+    def begin_exit(self) -> None:
+        """At process exit, first (util/teardown.py's call_at_exit; registered
+        on the flusher, which its watcher keeps alive after the connector is
+        gone): a flusher still running (its connector never closed) starts
+        flushing as an abandoned one does. Never waits, so every connector's
+        flush runs side by side."""
+        if not self.running:
+            return
+        with self._table.cond:
+            pending = len(self._table.queued) + len(self._table.inflight)
+        if pending:
+            logger.info("EIC flushing %d pending writes at process exit", pending)
+        self.abandon(self._config.write_behind_close_timeout_ms / 1000)
+
+    def finish_exit(self) -> None:
+        """At process exit, after every begin_exit: wait until the watcher is
+        done, at most until its flush deadline."""
         until = self._closing_until
         if until == math.inf:
             return  # closed explicitly: close() did the waiting

@@ -90,9 +90,9 @@ class WriteBehind:
         return self._flusher.stopped()
 
     @property
-    def finish_at_exit(self) -> Callable[[], None]:
-        """What util/teardown.py's call_at_exit runs: Flusher.finish_at_exit."""
-        return self._flusher.finish_at_exit
+    def exit_hooks(self) -> tuple[Callable[[], None], Callable[[], None]]:
+        """What util/teardown.py's call_at_exit runs: Flusher.begin_exit, then Flusher.finish_exit."""
+        return self._flusher.begin_exit, self._flusher.finish_exit
 
     @property
     def active(self) -> bool:

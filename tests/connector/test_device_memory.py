@@ -123,7 +123,7 @@ def test_the_engine_copies_registered_device_memory_with_torch(monkeypatch):
     guard = HostCopyGuard(start, start + buf.nbytes, engine_store._memmove)
     monkeypatch.setattr(engine_store, "_memmove", guard)
     client = engine_surface.Client()
-    assert client.init("t", "devmem") == 0
+    assert client.init("t", "devmem", engine_surface.InitOption()) == 0
     regions = engine_surface.IOBuffers()
     regions.append(start, buf.nbytes, True)
     info = engine_surface.MemoryInfo()

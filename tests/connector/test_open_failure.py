@@ -83,3 +83,49 @@ def test_a_thread_that_cannot_start_fails_open_cleanly_and_open_works_once_it_ca
     finally:
         conn.close()
     assert threads_left(before) == []
+
+
+def test_a_shared_store_that_cannot_be_opened_is_named_in_the_open_failure_and_logged_rate_limited(
+    monkeypatch, tmp_path, caplog
+):
+    """The connector says what the engine says (path, cause, fix) in its open
+    failure, its breaker's reason and its log; the probe's retries every
+    interval add no log line per retry."""
+    import logging
+
+    from aibrix_eic.engine import surface
+
+    (tmp_path / "file").write_text("in the way")
+    remote_url = f"local://kv?dir={tmp_path}/file"
+    expected = f"shared store {tmp_path}/file/kv: {tmp_path}/file is not a directory; move {tmp_path}/file away"
+    inits = {"count": 0}
+    retried = threading.Event()
+    original = surface.Client.init
+
+    def counting_init(self, *args):
+        inits["count"] += 1
+        if inits["count"] >= 6:
+            retried.set()
+        return original(self, *args)
+
+    monkeypatch.setattr(surface.Client, "init", counting_init)
+    caplog.set_level(logging.DEBUG, logger="aibrix_eic")
+
+    strict = EICConnector(
+        EICConfig.from_mapping({"remote_url": remote_url, "fail_open": False}, source="<test>"), "strict"
+    )
+    status = strict.open()
+    assert not status.is_ok() and expected in str(status.value)
+
+    config = EICConfig.from_mapping({"remote_url": remote_url, "probe_interval_s": 0.01}, source="<test>")
+    conn = EICConnector(config, "lenient", ThreadPoolExecutor(1))
+    try:
+        assert conn.open().is_ok()  # fail_open: the breaker starts open and a probe retries
+        assert expected in conn.health()["breaker_reason"]
+        assert retried.wait(60), "the probe did not retry the open"
+    finally:
+        conn.close()
+    said = [r for r in caplog.records if expected in r.getMessage() and r.levelno >= logging.INFO]
+    # Once by the engine, once by the breaker opening, at most once by the probe's rate-limited line.
+    assert 1 <= len(said) <= 4, [f"{r.name} {r.levelname} {r.getMessage()[:80]}" for r in said]
+    assert any(r.name == "aibrix_eic.link.link" and r.levelno == logging.WARNING for r in said)
