@@ -145,7 +145,7 @@ def test_unknown_key_suggests_the_closest(tmp_path, key, suggestion):
 
 def test_sglang_namespace_key_points_to_ours(tmp_path):
     error = error_of(tmp_path, "remote_url: local://\neic_namespace: a\n")
-    assert "use eic_kv_ns" in str(error)
+    assert error.fix == "rename eic_namespace to eic_kv_ns" and error.line == 2
 
 
 @pytest.mark.parametrize(
