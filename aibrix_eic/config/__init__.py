@@ -52,6 +52,7 @@ class EICConfig:
     """Validated settings; build with EICConfig.load or EICConfig.from_env."""
 
     source: str = DEFAULT_SOURCE  # not a key: the file the values came from
+    lines: Mapping[str, int] = dataclasses.field(default_factory=dict, compare=False, repr=False)  # not a key: of each
     # Upstream keys (aibrix_kvcache/l2/connectors/eic/eic.py), same defaults.
     remote_url: str = config_key("local://", schema.string)
     eic_instance_id: str = config_key("", schema.string)
@@ -152,12 +153,12 @@ class EICConfig:
                     values[key] = KEY_CHECKS[key](source, key, raw, BOUNDS.get(key))
                 except ConfigError as e:
                     problems.append(Problem(key, e.problem, e.fix or _value_fix(key), line))
-        config = cls(source=source, **values)
+        config = cls(source=source, lines=dict(lines), **values)
         failed = {problem.key for problem in problems}
         found = config._combination_problems() + (node_problems(config) if node_checks else [])
         for problem in found:
             if problem.key not in failed and _DEPENDS_ON.get(problem.key or "") not in failed:
-                problems.append(dataclasses.replace(problem, line=lines.get(problem.key or "")))
+                problems.append(problem)
         if problems:
             raise ConfigError.of(source, sorted(problems, key=lambda p: p.line or 0))
         return config
@@ -221,7 +222,7 @@ class EICConfig:
                     "raise max_value_bytes to at least block_nbytes, or correct block_nbytes",
                 )
             )
-        return problems
+        return [dataclasses.replace(p, line=self.lines.get(p.key or "")) for p in problems]
 
 
 def node_problems(config: EICConfig) -> list[Problem]:
@@ -235,13 +236,19 @@ def node_problems(config: EICConfig) -> list[Problem]:
             Problem(
                 "eic_flag_file",
                 f"{flag_file} does not exist",
-                "create the file on this node (in Kubernetes, mount it from a ConfigMap), or remove eic_flag_file",
+                "create the file on this node (in Kubernetes: mount it from a ConfigMap), or remove eic_flag_file",
+                config.lines.get("eic_flag_file"),
             )
         )
     log_dir = config.eic_log_dir
     if log_dir is not None and os.path.exists(log_dir) and not os.path.isdir(log_dir):
         problems.append(
-            Problem("eic_log_dir", f"{log_dir} exists and is not a directory", "name a directory, or remove the file")
+            Problem(
+                "eic_log_dir",
+                f"{log_dir} exists and is not a directory",
+                "name a directory, or remove the file",
+                config.lines.get("eic_log_dir"),
+            )
         )
     return problems
 
