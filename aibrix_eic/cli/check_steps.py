@@ -106,7 +106,9 @@ class CheckSteps:
             self.config = EICConfig.from_env(node_checks=not self.config_only)
         except ConfigError as e:
             if len(e.problems) == 1:  # the fix on its own line
-                raise StepFailed(f"EIC config {dataclasses.replace(e.problems[0], fix='').text(e.source)}", e.fix) from None
+                raise StepFailed(
+                    f"EIC config {dataclasses.replace(e.problems[0], fix='').text(e.source)}", e.fix
+                ) from None
             raise StepFailed(str(e), "correct each line named above") from None
         config = self.cfg
         source = path or "no config file: the embedded engine with default settings"
