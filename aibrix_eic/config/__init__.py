@@ -84,6 +84,7 @@ class EICConfig:
     block_nbytes: int | None = config_key(None, schema.optional_size, sizes(1, 4 * GiB))
     metrics: bool = config_key(True, schema.boolean)  # Prometheus series, see observability/metrics.py
     metrics_port: int | None = config_key(None, schema.optional_integer, Bounds(1, 65535))  # when vLLM's cannot
+    metrics_host: str = config_key("127.0.0.1", schema.listen_address)  # where metrics_port listens
     model_id: str | None = config_key(None, schema.model_name)  # goes into every key; see keys/identity.py
     put_mode: str = config_key("write_behind", schema.put_mode)  # or coalesce, direct: docs/write-behind.md
     write_behind_max_bytes: int = config_key(512 * MiB, schema.size, sizes(1, 1024 * GiB))

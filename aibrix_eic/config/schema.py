@@ -4,7 +4,9 @@ worded for the person who wrote the file. Each key is declared once, as an
 EICConfig field (config/__init__.py), which derives KEY_CHECKS and BOUNDS."""
 
 import dataclasses
+import ipaddress
 import math
+import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
@@ -223,6 +225,22 @@ def put_mode(source: str, key: str, raw: Any, _bounds: Bounds | None) -> str:
     return raw
 
 
+_HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*$")
+
+
+def listen_address(source: str, key: str, raw: Any, _bounds: Bounds | None) -> str:
+    """An address to listen on: an IPv4 or IPv6 literal, or a host name
+    (resolved where it runs, not here)."""
+    text = string(source, key, raw).strip()
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        pass
+    if len(text) > 253 or not _HOSTNAME.match(text) or text.replace(".", "").isdigit():
+        raise ConfigError(source, key, f"expected an IP address or a host name, got {raw!r}")
+    return text
+
+
 def boolean(source: str, key: str, raw: Any, _bounds: Bounds | None) -> bool:
     written, raw = raw, unquoted(raw)
     if not isinstance(raw, bool):
@@ -265,6 +283,7 @@ _EXPECTS: dict[Any, str] = {
     boolean: "true or false",
     string: "a string (quoted if it looks like a number)",
     optional_string: "a string or null",
+    listen_address: "an IP address or a host name (127.0.0.1 for this host only, 0.0.0.0 for every interface)",
     model_name: f"a quoted string naming the model, 1 to {MODEL_ID_MAX} printable characters",
     transport_type: f"one of {', '.join(f'{n} ({name})' for n, name in TRANSPORT_TYPES.items())}",
     log_level: f"one of {', '.join(map(str, LOG_LEVELS))}",
