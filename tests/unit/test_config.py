@@ -139,8 +139,9 @@ def test_wrong_type_names_file_key_and_expected_type(tmp_path, line, key, expect
 )
 def test_unknown_key_suggests_the_closest(tmp_path, key, suggestion):
     error = error_of(tmp_path, f"remote_url: local://\n{key}: 1\n")
-    assert error.key == key
+    assert error.key == key and error.line == 2
     assert f"did you mean {suggestion!r}" in str(error)
+    assert error.fix == f"rename {key} to {suggestion}"
 
 
 def test_sglang_namespace_key_points_to_ours(tmp_path):
