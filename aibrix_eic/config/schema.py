@@ -133,14 +133,13 @@ def unquoted(raw: Any) -> Any:
 
 def integer(source: str, key: str, raw: Any, bounds: Bounds | None) -> int:
     bounds = _bounds(key, bounds)
-    written, raw = raw, unquoted(raw)
-    if isinstance(raw, bool) or not isinstance(raw, int):
-        raw = written
+    value = unquoted(raw)
+    if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(source, key, f"expected an integer, got {_type_name(raw)} {raw!r}")
-    if raw < bounds.low:
-        raise ConfigError(source, key, f"expected an integer >= {bounds.low}, got {raw}")
-    _at_most(source, key, raw, raw, bounds)
-    return raw
+    if value < bounds.low:
+        raise ConfigError(source, key, f"expected an integer >= {bounds.low}, got {value}")
+    _at_most(source, key, value, value, bounds)
+    return value
 
 
 def positive_number(source: str, key: str, raw: Any, bounds: Bounds | None) -> float:
@@ -201,13 +200,12 @@ LOG_LEVELS = (0, 1, 2, 3, 4)
 
 def _one_of(choices: str, allowed: Collection[int]) -> Check:
     def check(source: str, key: str, raw: Any, _bounds: Bounds | None) -> int:
-        written, raw = raw, unquoted(raw)
-        if isinstance(raw, bool) or not isinstance(raw, int):
-            raw = written
+        value = unquoted(raw)
+        if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(source, key, f"expected an integer, got {_type_name(raw)} {raw!r}")
-        if raw not in allowed:
-            raise ConfigError(source, key, f"expected one of {choices}, got {raw}")
-        return raw
+        if value not in allowed:
+            raise ConfigError(source, key, f"expected one of {choices}, got {value}")
+        return value
 
     return check
 
@@ -242,17 +240,17 @@ def listen_address(source: str, key: str, raw: Any, _bounds: Bounds | None) -> s
 
 
 def boolean(source: str, key: str, raw: Any, _bounds: Bounds | None) -> bool:
-    written, raw = raw, unquoted(raw)
-    if not isinstance(raw, bool):
-        raw = written
+    value = unquoted(raw)
+    if not isinstance(value, bool):
         raise ConfigError(source, key, f"expected true or false, got {_type_name(raw)} {raw!r}")
-    return raw
+    return value
 
 
 def size(source: str, key: str, raw: Any, bounds: Bounds | None) -> int:
     bounds = _bounds(key, bounds)
-    if isinstance(unquoted(raw), int) and not isinstance(unquoted(raw), bool):
-        raw = unquoted(raw)  # "0x100000", "4_194_304"
+    value = unquoted(raw)
+    if isinstance(value, int) and not isinstance(value, bool):
+        raw = value  # "0x100000", "4_194_304": parse_size reads only decimal
     if isinstance(raw, bool) or not isinstance(raw, (int, str)):
         raise ConfigError(source, key, f"expected a size such as 4MiB or 4194304, got {_type_name(raw)} {raw!r}")
     try:
