@@ -11,9 +11,11 @@ passed, 1 otherwise.
 """
 
 import asyncio
+import contextlib
 import json
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TextIO
@@ -35,10 +37,52 @@ class StepResult:
     fix: str = ""
 
 
+class LoggedWarnings(logging.Handler):
+    """The warnings aibrix_eic logs while a step runs: the step shows them and
+    says WARN (without -v the library's logs are otherwise not shown)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+        self.seen: set[str] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message not in self.seen:  # the same warning from a later step adds nothing
+            self.seen.add(message)
+            self.messages.append(message)
+
+    def take(self) -> list[str]:
+        messages, self.messages = self.messages, []
+        return messages
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        library = logging.getLogger("aibrix_eic")
+        level = library.level
+        if library.getEffectiveLevel() > logging.WARNING:
+            library.setLevel(logging.WARNING)
+        library.addHandler(self)
+        try:
+            yield
+        finally:
+            library.removeHandler(self)
+            library.setLevel(level)
+
+
 class Checker(TtlSteps, NamespaceSteps):
     """Runs the steps in order; after a failure the rest are skipped."""
 
-    def __init__(self, block_nbytes: int | None, routed_at_start: bool, out: TextIO, as_json: bool = False) -> None:
+    def __init__(
+        self,
+        block_nbytes: int | None,
+        routed_at_start: bool,
+        out: TextIO,
+        as_json: bool = False,
+        config_only: bool = False,
+    ) -> None:
+        self.config_only = config_only
+        self.warnings = LoggedWarnings()
         self.routed_at_start = routed_at_start
         self.as_json = as_json
         self.requested_block_nbytes = block_nbytes
@@ -56,6 +100,13 @@ class Checker(TtlSteps, NamespaceSteps):
 
     # ------------------------------------------------------------- driver
     def run(self) -> int:
+        with self.warnings.installed():
+            return self.run_steps()
+
+    def run_steps(self) -> int:
+        if self.config_only:
+            self.step("config", self.check_config)
+            return self.verdict()
         try:
             self.step("config", self.check_config)
             self.step("ingestion", self.check_ingestion)
@@ -80,6 +131,7 @@ class Checker(TtlSteps, NamespaceSteps):
             self.record(StepResult(name, SKIP, 0.0, "skipped after the failure above"))
             return
         started = time.perf_counter()
+        self.warnings.take()
         try:
             verdict, detail = action()
             fix = ""
@@ -88,6 +140,10 @@ class Checker(TtlSteps, NamespaceSteps):
         except Exception as e:  # a bug in this command, not in the setup
             verdict, detail = FAIL, f"internal error: {e!r}"
             fix = "this is a bug in aibrix-eic; rerun with -v and report the output"
+        logged = self.warnings.take()
+        if logged:
+            detail = "; ".join([detail, *(f"warning: {message}" for message in logged)])
+            verdict = WARN if verdict == PASS else verdict
         self.record(StepResult(name, verdict, time.perf_counter() - started, detail, fix))
 
     def record(self, result: StepResult) -> None:
@@ -95,7 +151,9 @@ class Checker(TtlSteps, NamespaceSteps):
         if self.as_json:
             return  # one document at the end, from verdict()
         timing = f"{result.seconds * 1000:9.1f} ms" if result.verdict != SKIP else " " * 12
-        print(f"  {result.verdict}  {result.name:<20} {timing}  {result.detail}", file=self.out)
+        indent = "\n  " + " " * 4 + "  " + " " * 20 + " " + " " * 12 + "  "
+        detail = result.detail.replace("\n", indent)  # a config error lists one problem a line
+        print(f"  {result.verdict}  {result.name:<20} {timing}  {detail}", file=self.out)
         if result.fix:
             print(f"  {'':4}  {'':<20} {'':12}  fix: {result.fix}", file=self.out)
         self.out.flush()
@@ -114,6 +172,9 @@ class Checker(TtlSteps, NamespaceSteps):
         where = self.config.remote_url if self.config else "?"
         warnings = sum(1 for result in self.results if result.verdict == WARN)
         note = f", {warnings} warning(s)" if warnings else ""
+        if self.config_only:
+            print(f"verdict: PASS: the config is valid for {where} (not connected{note})", file=self.out)
+            return 0
         print(
             f"verdict: PASS: the EIC connector works against {where} "
             f"({len(self.results)} steps in {total_ms:.1f} ms{note})",
@@ -155,7 +216,12 @@ class Checker(TtlSteps, NamespaceSteps):
 
 
 def run_check(
-    config_path: str | None, block_nbytes: int | None, routed_at_start: bool, out: TextIO, as_json: bool = False
+    config_path: str | None,
+    block_nbytes: int | None,
+    routed_at_start: bool,
+    out: TextIO,
+    as_json: bool = False,
+    config_only: bool = False,
 ) -> int:
     """Entry for `aibrix-eic check`; returns the exit status. routed_at_start:
     whether the .pth hook had routed backend EIC to us before the CLI did."""
@@ -166,4 +232,4 @@ def run_check(
         where = config_path or config_path_from_env() or "the embedded engine (no config)"
         if not as_json:
             print(f"aibrix-eic check: {where}", file=out)
-        return Checker(block_nbytes, routed_at_start, out, as_json).run()
+        return Checker(block_nbytes, routed_at_start, out, as_json, config_only).run()

@@ -2,6 +2,7 @@
 and TTL steps are in check_namespace.py and check_ttl.py. Each returns
 (verdict, detail) or raises StepFailed with what to fix."""
 
+import dataclasses
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..config import ENV_CONFIG, ConfigError, EICConfig, config_path_from_env
+from ..config import ConfigError, EICConfig, config_path_from_env, node_problems, warn_about_env
 from ..link.sdk import load_sdk_module
 from ..util.units import format_size
 from ..writes.write_behind import SLAB_SHARE
@@ -85,6 +86,7 @@ class CheckSteps:
 
     requested_block_nbytes: int | None
     routed_at_start: bool
+    config_only: bool
     config: EICConfig | None
     module: ModuleType | None
     connector: "EICConnector | None"
@@ -116,20 +118,28 @@ class CheckSteps:
         return self.module
 
     def check_config(self) -> tuple[str, str]:
+        """Validate the config; with config_only, what it needs from its node
+        (a flag file) is a warning, since it may be checked elsewhere."""
         path = config_path_from_env()
+        warn_about_env()  # a warning here makes the step WARN (check.py)
         try:
-            self.config = EICConfig.from_env()
+            self.config = EICConfig.from_env(node_checks=not self.config_only)
         except ConfigError as e:
-            if e.key is None:
-                fix = f"pass the path of a readable YAML file (--config, or ${ENV_CONFIG})"
-            else:
-                fix = f"fix {e.key} in {e.source} (docs/config.md lists every key)"
-            raise StepFailed(str(e), fix) from None
+            if len(e.problems) == 1:  # the fix on its own line
+                raise StepFailed(
+                    f"EIC config {dataclasses.replace(e.problems[0], fix='').text(e.source)}", e.fix
+                ) from None
+            raise StepFailed(str(e), "correct each line named above") from None
         config = self.cfg
         source = path or "no config file: the embedded engine with default settings"
-        return PASS, (
+        detail = (
             f"{source} (remote_url {config.remote_url}, eic_kv_ns {config.eic_kv_ns!r}, eic_kv_ttl {config.eic_kv_ttl})"
         )
+        missing = node_problems(config) if self.config_only else []
+        if missing:
+            notes = "; ".join(f"not on this host, needed where it runs: {p.text(config.source)}" for p in missing)
+            return WARN, f"{detail}; {notes}"
+        return PASS, detail
 
     def check_ingestion(self) -> tuple[str, str]:
         """AIBrix's L1 ingestion as this environment sets it: synchronous
@@ -208,9 +218,13 @@ class CheckSteps:
         )
 
     def register_buffer(self) -> tuple[str, str]:
-        block_nbytes = (
-            self.requested_block_nbytes or self.cfg.block_nbytes or min(DEFAULT_BLOCK_NBYTES, self.cfg.max_value_bytes)
-        )
+        block_nbytes = self.requested_block_nbytes
+        if block_nbytes is not None and block_nbytes <= 0:
+            raise StepFailed(f"block size {block_nbytes} is not a size", "pass a size > 0, such as --block-size 2MiB")
+        if block_nbytes is None:
+            block_nbytes = self.cfg.block_nbytes
+        if block_nbytes is None:
+            block_nbytes = min(DEFAULT_BLOCK_NBYTES, self.cfg.max_value_bytes)
         # One block written, one read back into, the rest room for write-behind.
         slab = torch.zeros(REGISTERED_BLOCKS * block_nbytes, dtype=torch.uint8)
         status = self.conn.register_slabs([slab])

@@ -4,8 +4,14 @@ Every key of the upstream AIBrix EIC YAML is accepted unchanged, so an
 existing file works as is. Each key is declared once, as an EICConfig field
 with its default, its check and its bounds (schema.py); docs/config.md
 documents every one.
-Any problem raises ConfigError with a message naming the file, the key and
-what was expected.
+A file is checked whole: every problem found (yaml_file.py reads the file
+and its lines) goes into one ConfigError, each naming the file, the line,
+the key, what was expected and a fix.
+
+Hand-written rather than pydantic (which aibrix-kvcache installs): its lax
+mode reads `eic_thread_num: true` as 1 and `fail_open: 1` as true, and its
+messages name neither the value nor a fix, so each check and message would
+be overridden and pydantic would only collect the errors.
 """
 
 import dataclasses
@@ -16,10 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from . import schema
-from .schema import Bounds, ConfigError, GiB, config_key, sizes
+from .schema import Bounds, ConfigError, GiB, Problem, config_key, sizes
+from .yaml_file import ConfigFile
 
 logger = logging.getLogger(__name__)
 
@@ -30,15 +35,15 @@ SCHEMES = ("eic", "local")
 MiB = 1024**2
 _MS = Bounds(0.001, 3_600_000)  # a deadline or an age, in ms: up to an hour
 
-# Keys other EIC callers use, with what to write instead.
-_FOREIGN_KEYS = {
-    "eic_namespace": "SGLang's name for the namespace; use eic_kv_ns",
-    "eic_refetch_shard_size": "an SGLang fork key; use batch_keys",
-    "eic_check_max_num": "an SGLang fork key with no equivalent here",
-    "enable_kvset_direct": "an SGLang key; use put_registered",
-    "enable_kvget_direct": "an SGLang key; reads always use registered memory when it is registered",
-    "enable_kvset_gpu_direct": "an SGLang key; GDR puts are not supported yet",
-    "enable_kvget_gpu_direct": "an SGLang key; GDR gets are not supported yet",
+# Keys other EIC callers use: why they are not ours, and ours to use instead.
+_FOREIGN_KEYS: dict[str, tuple[str, str | None]] = {
+    "eic_namespace": ("SGLang's name for the namespace", "eic_kv_ns"),
+    "eic_refetch_shard_size": ("an SGLang fork key", "batch_keys"),
+    "eic_check_max_num": ("an SGLang fork key with no equivalent here", None),
+    "enable_kvset_direct": ("an SGLang key", "put_registered"),
+    "enable_kvget_direct": ("an SGLang key; reads always use registered memory when it is registered", None),
+    "enable_kvset_gpu_direct": ("an SGLang key; GDR puts are not supported yet", None),
+    "enable_kvget_gpu_direct": ("an SGLang key; GDR gets are not supported yet", None),
 }
 
 
@@ -47,6 +52,7 @@ class EICConfig:
     """Validated settings; build with EICConfig.load or EICConfig.from_env."""
 
     source: str = DEFAULT_SOURCE  # not a key: the file the values came from
+    lines: Mapping[str, int] = dataclasses.field(default_factory=dict, compare=False, repr=False)  # not a key: of each
     # Upstream keys (aibrix_kvcache/l2/connectors/eic/eic.py), same defaults.
     remote_url: str = config_key("local://", schema.string)
     eic_instance_id: str = config_key("", schema.string)
@@ -78,6 +84,7 @@ class EICConfig:
     block_nbytes: int | None = config_key(None, schema.optional_size, sizes(1, 4 * GiB))
     metrics: bool = config_key(True, schema.boolean)  # Prometheus series, see observability/metrics.py
     metrics_port: int | None = config_key(None, schema.optional_integer, Bounds(1, 65535))  # when vLLM's cannot
+    metrics_host: str = config_key("127.0.0.1", schema.listen_address)  # where metrics_port listens
     model_id: str | None = config_key(None, schema.model_name)  # goes into every key; see keys/identity.py
     put_mode: str = config_key("write_behind", schema.put_mode)  # or coalesce, direct: docs/write-behind.md
     write_behind_max_bytes: int = config_key(512 * MiB, schema.size, sizes(1, 1024 * GiB))
@@ -101,99 +108,150 @@ class EICConfig:
 
     # ----------------------------------------------------------- builders
     @classmethod
-    def load(cls, path: str) -> "EICConfig":
-        """Read and validate the YAML file at `path`."""
-        if not os.path.exists(path):
-            raise ConfigError(path, None, "file does not exist")
-        if os.path.isdir(path):
-            raise ConfigError(path, None, "is a directory, expected a YAML file")
-        try:
-            with open(path, encoding="utf-8") as fin:
-                data = yaml.safe_load(fin)
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            raise ConfigError(path, None, f"is not valid YAML{at}: {getattr(e, 'problem', e)}") from None
-        except UnicodeDecodeError as e:
-            raise ConfigError(
-                path, None, f"is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); save it as UTF-8"
-            ) from None
-        except OSError as e:
-            raise ConfigError(path, None, f"cannot be read: {e.strerror}") from None
-        except (ValueError, RecursionError) as e:  # whatever else a hostile file makes the parser raise
-            raise ConfigError(path, None, f"could not be parsed: {e!r}") from None
-        if data is None:
-            raise ConfigError(path, None, "is empty; expected a mapping with at least remote_url")
-        if not isinstance(data, dict):
-            raise ConfigError(path, None, f"expected a mapping of keys to values, got a YAML {type(data).__name__}")
-        if "remote_url" not in data:
-            raise ConfigError(path, "remote_url", "is required (eic://host:port or local://)")
-        return cls.from_mapping(data, source=path)
+    def load(cls, path: str, node_checks: bool = True) -> "EICConfig":
+        """Read and validate the YAML file at `path`; every problem found is
+        in the one ConfigError raised. node_checks=False leaves out what
+        depends on this host's files (node_problems), for checking a config
+        away from where it runs."""
+        config_file = ConfigFile(path)
+        problems = list(config_file.problems)
+        if "remote_url" not in config_file.values and not any(p.key == "remote_url" for p in problems):
+            problems.append(Problem("remote_url", "is required", "add `remote_url: eic://HOST:PORT` (or local://)"))
+        return cls._build(config_file.values, path, config_file.lines, problems, node_checks)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], source: str = DEFAULT_SOURCE) -> "EICConfig":
         """Validate a mapping (already parsed YAML)."""
-        known = {f.name for f in dataclasses.fields(cls)} - {"source"}
-        values: dict[str, Any] = {}
-        for key, raw in data.items():
-            if not isinstance(key, str):
-                raise ConfigError(source, repr(key), "keys must be strings")
-            if key not in known:
-                raise ConfigError(source, key, _unknown_key_hint(key, known))
-            values[key] = KEY_CHECKS[key](source, key, raw, BOUNDS.get(key))
-        config = cls(source=source, **values)
-        config._check_combinations()
-        return config
+        return cls._build(data, source, {}, [], node_checks=True)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "EICConfig":
+    def from_env(cls, environ: Mapping[str, str] | None = None, node_checks: bool = True) -> "EICConfig":
         """The config named by the environment, or defaults when none is."""
         path = config_path_from_env(environ)
         if not path:
             return cls()
-        return cls.load(path)
+        return cls.load(path, node_checks)
+
+    @classmethod
+    def _build(
+        cls,
+        data: Mapping[str, Any],
+        source: str,
+        lines: Mapping[str, int],
+        problems: list[Problem],
+        node_checks: bool,
+    ) -> "EICConfig":
+        """Check every key, then the keys together; raise all problems at once."""
+        values: dict[str, Any] = {}
+        for key, raw in data.items():
+            line = lines.get(key)
+            if not isinstance(key, str):
+                problems.append(Problem(repr(key), "keys must be names", "write the key as a name, such as eic_kv_ns"))
+            elif key not in KEY_CHECKS:
+                problems.append(_unknown_key(key, line))
+            else:
+                try:
+                    values[key] = KEY_CHECKS[key](source, key, raw, BOUNDS.get(key))
+                except ConfigError as e:
+                    problems.append(Problem(key, e.problem, e.fix or _value_fix(key), line))
+        config = cls(source=source, lines=dict(lines), **values)
+        failed = {problem.key for problem in problems}
+        found = config._combination_problems() + (node_problems(config) if node_checks else [])
+        for problem in found:
+            if problem.key not in failed and _DEPENDS_ON.get(problem.key or "") not in failed:
+                problems.append(problem)
+        if problems:
+            raise ConfigError.of(source, sorted(problems, key=lambda p: p.line or 0))
+        return config
 
     # ---------------------------------------------------------- validation
-    def _check_combinations(self) -> None:
+    def _combination_problems(self) -> list[Problem]:
+        """What is wrong with the keys together (each alone was valid)."""
+        problems = []
         scheme, sep, rest = self.remote_url.partition("://")
         if not sep or scheme not in SCHEMES:
-            raise ConfigError(
-                self.source,
-                "remote_url",
-                f"expected eic://host:port or local://[name][?params], got {self.remote_url!r}",
+            problems.append(
+                Problem(
+                    "remote_url",
+                    f"expected eic://host:port or local://[name][?params], got {self.remote_url!r}",
+                    "write `eic://HOST:PORT` for an EIC cluster or `local://` for the embedded engine",
+                )
             )
-        if scheme == "eic":
+        elif scheme == "eic":
             if not rest.strip("/"):
-                raise ConfigError(self.source, "remote_url", f"eic:// needs a host:port, got {self.remote_url!r}")
+                problems.append(
+                    Problem(
+                        "remote_url", f"eic:// needs a host:port, got {self.remote_url!r}", "add the agent's HOST:PORT"
+                    )
+                )
             if not self.eic_instance_id:
-                raise ConfigError(self.source, "eic_instance_id", "is required for eic:// (the EIC cluster UUID)")
+                problems.append(
+                    Problem(
+                        "eic_instance_id",
+                        "is required for eic:// (the EIC cluster UUID)",
+                        "add `eic_instance_id: <the cluster's UUID>`",
+                    )
+                )
         else:
             from ..engine.registry import parse_endpoint
 
             try:
                 parse_endpoint(rest)
             except ValueError as e:
-                raise ConfigError(self.source, "remote_url", str(e)) from None
+                problems.append(Problem("remote_url", str(e), "correct the local:// parameter named (docs/engine.md)"))
         if self.eic_kv_ttl == 0 or self.eic_kv_ttl < -1:
-            raise ConfigError(
-                self.source, "eic_kv_ttl", f"expected -1 (no expiry) or seconds > 0, got {self.eic_kv_ttl}"
+            problems.append(
+                Problem(
+                    "eic_kv_ttl",
+                    f"expected -1 (no expiry) or seconds > 0, got {self.eic_kv_ttl}",
+                    "write -1, or the seconds a value lives",
+                )
             )
-        if self.eic_flag_file is not None and not os.path.isfile(self.eic_flag_file):
-            raise ConfigError(self.source, "eic_flag_file", f"{self.eic_flag_file} does not exist")
-        if self.eic_log_dir is not None and os.path.exists(self.eic_log_dir) and not os.path.isdir(self.eic_log_dir):
-            raise ConfigError(self.source, "eic_log_dir", f"{self.eic_log_dir} exists and is not a directory")
         if self.retry_backoff_max_ms < self.retry_backoff_ms:
-            raise ConfigError(
-                self.source,
-                "retry_backoff_max_ms",
-                f"must be >= retry_backoff_ms ({self.retry_backoff_ms}), got {self.retry_backoff_max_ms}",
+            problems.append(
+                Problem(
+                    "retry_backoff_max_ms",
+                    f"must be >= retry_backoff_ms ({self.retry_backoff_ms:g}), got {self.retry_backoff_max_ms:g}",
+                    f"raise retry_backoff_max_ms to at least {self.retry_backoff_ms:g}, or lower retry_backoff_ms",
+                )
             )
         if self.block_nbytes is not None and self.block_nbytes > self.max_value_bytes:
-            raise ConfigError(
-                self.source,
-                "block_nbytes",
-                f"{self.block_nbytes} exceeds max_value_bytes ({self.max_value_bytes})",
+            problems.append(
+                Problem(
+                    "block_nbytes",
+                    f"{self.block_nbytes} exceeds max_value_bytes ({self.max_value_bytes})",
+                    "raise max_value_bytes to at least block_nbytes, or correct block_nbytes",
+                )
             )
+        return [dataclasses.replace(p, line=self.lines.get(p.key or "")) for p in problems]
+
+
+def node_problems(config: EICConfig) -> list[Problem]:
+    """What the config needs from the host it runs on: the SDK flag file, a
+    log directory that is not a file. A config checked elsewhere
+    (`aibrix-eic check --config-only`) reports these as warnings."""
+    problems = []
+    flag_file = config.eic_flag_file
+    if flag_file is not None and not os.path.isfile(flag_file):
+        problems.append(
+            Problem(
+                "eic_flag_file",
+                f"{flag_file} does not exist",
+                "create the file on this node (in Kubernetes: mount it from a ConfigMap), or remove eic_flag_file",
+                config.lines.get("eic_flag_file"),
+            )
+        )
+    log_dir = config.eic_log_dir
+    if log_dir is not None and os.path.exists(log_dir) and not os.path.isdir(log_dir):
+        problems.append(
+            Problem(
+                "eic_log_dir",
+                f"{log_dir} exists and is not a directory",
+                "name a directory, or remove the file",
+                config.lines.get("eic_log_dir"),
+            )
+        )
+    return problems
 
 
 # Derived from the declarations above: the check of every key, and the bounds
@@ -202,6 +260,13 @@ KEY_CHECKS = {f.name: f.metadata["check"] for f in dataclasses.fields(EICConfig)
 BOUNDS: dict[str, Bounds] = {
     f.name: f.metadata["bounds"] for f in dataclasses.fields(EICConfig) if f.metadata.get("bounds") is not None
 }
+# Keys checked against another: not when that other one was refused.
+_DEPENDS_ON = {
+    "retry_backoff_max_ms": "retry_backoff_ms",
+    "block_nbytes": "max_value_bytes",
+    "eic_instance_id": "remote_url",
+}
+_FIELDS = {f.name: f for f in dataclasses.fields(EICConfig) if "check" in f.metadata}
 
 
 def config_path_from_env(environ: Mapping[str, str] | None = None) -> str:
@@ -226,10 +291,22 @@ def warn_about_env(environ: Mapping[str, str] | None = None) -> None:
         )
 
 
-def _unknown_key_hint(key: str, known: set[str]) -> str:
+def _unknown_key(key: str, line: int | None) -> Problem:
+    """An unknown key, with the key meant when it can be told."""
     if key in _FOREIGN_KEYS:
-        return f"unknown key ({_FOREIGN_KEYS[key]})"
-    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+        why, instead = _FOREIGN_KEYS[key]
+        fix = f"rename {key} to {instead}" if instead else f"remove {key}"
+        return Problem(key, f"unknown key ({why})", fix, line)
+    close = difflib.get_close_matches(key, sorted(KEY_CHECKS), n=1, cutoff=0.6)
     if close:
-        return f"unknown key; did you mean {close[0]!r}?"
-    return "unknown key (see docs/config.md for the keys this connector reads)"
+        return Problem(key, f"unknown key; did you mean {close[0]!r}?", f"rename {key} to {close[0]}", line)
+    return Problem(key, "unknown key", f"remove {key}; docs/config.md lists the keys this connector reads", line)
+
+
+def _value_fix(key: str) -> str:
+    field = _FIELDS[key]
+    bounds = BOUNDS.get(key)
+    expected = schema.expectation(KEY_CHECKS[key], bounds)
+    if field.default is None:
+        return f"write {expected}, or remove the line to leave {key} unset"
+    return f"write {expected}, or remove the line to get the default, {schema.value_text(field.default, bounds)}"

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 from aibrix_kvcache.status import Status
 
 from ..util.teardown import OwnThread
-from .exporter import exporter_port, start_exporter
+from .exporter import LOOPBACK, exporter_port, start_exporter
 from .families import (
     BLOCK_OUTCOMES,
     LABELS,
@@ -353,7 +353,7 @@ def for_connector(config: Any, conn_id: str) -> "ConnectorMetrics | NoMetrics":
         return NO_METRICS
     port = getattr(config, "metrics_port", None)
     if port is not None:
-        start_exporter(port)
+        start_exporter(port, getattr(config, "metrics_host", LOOPBACK))
     connector_metrics = ConnectorMetrics(
         config.eic_kv_ns, getattr(config, "model_id", None) or "", partition_of(conn_id)
     )

@@ -104,7 +104,8 @@ def test_enum_members_never_equal_plain_ints(enum_type):
         ("eic_trans_type: 1", "expected one of 0 (TCP), 2 (RDMA), 3 (GDR), got 1"),
         ("eic_trans_type: 4", "expected one of 0 (TCP), 2 (RDMA), 3 (GDR), got 4"),
         ("eic_log_level: 5", "expected one of 0, 1, 2, 3, 4, got 5"),
-        ("eic_log_level: '1'", "expected an integer, got str"),
+        ("eic_log_level: '5'", "expected one of 0, 1, 2, 3, 4, got 5"),  # quoted means what unquoted does
+        ("eic_log_level: debug", "expected an integer, got str 'debug'"),
     ],
 )
 def test_the_config_refuses_enum_values_the_sdk_does_not_document(tmp_path, yaml_line, expected):

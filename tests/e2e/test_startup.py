@@ -68,4 +68,4 @@ def test_yaml_typo_stops_the_worker_at_start(typo_server):
     assert typo_server.wait_exit() != 0
     assert not typo_server.healthy()
     # our message, naming the file and the key, reaches the log
-    typo_server.wait_log(rf"EIC config {config}: eic_kv_nss: unknown key; did you mean 'eic_kv_ns'\?", timeout_s=1)
+    typo_server.wait_log(rf"EIC config {config}:\d+: eic_kv_nss: unknown key; did you mean 'eic_kv_ns'\?", timeout_s=1)

@@ -145,7 +145,7 @@ def test_bad_config_exits_1_with_a_readable_message(capsys, tmp_path):
     path = write_config(str(tmp_path / "eic.yaml"), remote_url="local://", eic_kv_ttl="soon")
     code, _, err = run_bench(capsys, *SMALL, "--config", path)
     assert code == 1
-    assert f"aibrix-eic bench: EIC config {path}: eic_kv_ttl: expected an integer, got str 'soon'" in err
+    assert f"aibrix-eic bench: EIC config {path}:1: eic_kv_ttl: expected an integer, got str 'soon'" in err
     assert "Status(" not in err and "StatusCodes" not in err
 
 

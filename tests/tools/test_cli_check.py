@@ -25,6 +25,7 @@ def run_check(capsys, *args: str) -> tuple[int, str]:
 
 def config_file(tmp_path, **values) -> str:
     values.setdefault("remote_url", "local://")
+    values.setdefault("model_id", "check-test")  # else open warns that keys carry no model identity
     return write_config(os.path.join(str(tmp_path), "eic.yaml"), **values)
 
 
@@ -34,6 +35,11 @@ def verdict_of(output: str, step: str) -> str:
         if len(fields) >= 2 and fields[1] == step:
             return fields[0]
     raise AssertionError(f"no line for step {step!r} in:\n{output}")
+
+
+def steps_of(output: str) -> list[str]:
+    verdicts = (["PASS"], ["WARN"], ["FAIL"], ["SKIP"])
+    return [line.split()[1] for line in output.splitlines() if line.split()[:1] in verdicts]
 
 
 STEPS = (
@@ -61,14 +67,26 @@ def asynchronous_ingestion(monkeypatch):
     monkeypatch.setenv("AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_MAX_INFLIGHT_TOKENS", "16384")
 
 
-def test_healthy_embedded_engine_passes_every_step(capsys):
-    code, out = run_check(capsys)
+def test_healthy_embedded_engine_passes_every_step(capsys, tmp_path):
+    code, out = run_check(capsys, "--config", config_file(tmp_path))
     assert code == 0, out
     for step in STEPS:
         assert verdict_of(out, step) == "PASS", out
-    assert "verdict: PASS" in out
-    assert "no config file" in out  # says it checked the embedded engine
+    assert "verdict: PASS" in out and "warning" not in out
     assert " ms " in out  # every step shows its latency
+
+
+def test_without_a_config_the_steps_that_logged_warnings_say_warn_and_show_them(capsys):
+    """No config: the connector would run on the embedded engine with no
+    model identity. Both are logged as warnings; check shows them without -v."""
+    code, out = run_check(capsys)
+    assert code == 0, out
+    assert "no config file" in out  # says it checked the embedded engine
+    assert verdict_of(out, "config") == "WARN" and "warning: Neither AIBRIX_KV_CACHE_OL_EIC_CONFIG" in out
+    assert verdict_of(out, "open") == "WARN" and "warning: EIC keys carry NO MODEL IDENTITY" in out
+    for step in set(STEPS) - {"config", "open"}:
+        assert verdict_of(out, step) == "PASS", out
+    assert "2 warning(s)" in out
 
 
 def test_check_leaves_no_keys_behind(capsys):
@@ -194,7 +212,7 @@ def test_bad_config_names_the_key(capsys, tmp_path):
     assert code == 1
     assert verdict_of(out, "config") == "FAIL"
     assert "eic_kv_ttl" in out
-    assert f"fix: fix eic_kv_ttl in {path}" in out
+    assert f"EIC config {path}:" in out and "fix: write -1, or the seconds a value lives" in out
 
 
 def test_missing_config_file_fails(capsys, tmp_path):
@@ -286,8 +304,8 @@ def test_sdk_step_shows_the_store_as_remote_url_configures_it(capsys, tmp_path):
     assert "capacity 16.0GiB" in sdk_line and "latency 1 ms" in sdk_line
 
 
-def test_json_gives_one_object_per_step(capsys):
-    code, out = run_check(capsys, "--json")
+def test_json_gives_one_object_per_step(capsys, tmp_path):
+    code, out = run_check(capsys, "--config", config_file(tmp_path), "--json")
     assert code == 0
     document = json.loads(out)  # nothing but the document on stdout
     assert document["verdict"] == "PASS" and document["failed_step"] is None
@@ -360,3 +378,70 @@ def test_asynchronous_ingestion_no_l1_or_write_behind_passes_the_ingestion_step(
     monkeypatch.setenv("AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_MAX_INFLIGHT_TOKENS", inflight)
     code, out = run_check(capsys, "--config", config_file(tmp_path, put_mode=put_mode))
     assert code == 0 and verdict_of(out, "ingestion") == "PASS", out
+
+
+# ------------------------------------------------------------ --config-only
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_config_only_validates_a_production_config_away_from_its_node(capsys):
+    """The cluster overlay names /etc/eic/flags, which exists only in its pod:
+    a warning here, and nothing is connected (its eic:// has no SDK here)."""
+    path = os.path.join(REPO, "deploy", "kustomize", "overlays", "cluster", "eic.yaml")
+    code, out = run_check(capsys, "--config-only", "--config", path)
+    assert code == 0, out
+    assert verdict_of(out, "config") == "WARN"
+    assert f"{path}:7: eic_flag_file: /etc/eic/flags does not exist" in out and "ConfigMap" in out
+    assert "verdict: PASS: the config is valid for eic://10.0.0.11:12500 (not connected, 1 warning(s))" in out
+    assert steps_of(out) == ["config"]
+
+
+def test_without_config_only_the_missing_flag_file_fails_the_config_step(capsys, tmp_path):
+    path = config_file(tmp_path, eic_flag_file=str(tmp_path / "flags"))
+    code, out = run_check(capsys, "--config", path)
+    assert code == 1 and verdict_of(out, "config") == "FAIL"
+    assert "eic_flag_file" in out and verdict_of(out, "open") == "SKIP"
+
+
+def test_config_only_connects_to_nothing(capsys, tmp_path):
+    code, out = run_check(
+        capsys, "--config-only", "--config", config_file(tmp_path, remote_url="local://down?unreachable=true")
+    )
+    assert code == 0 and verdict_of(out, "config") == "PASS", out
+    assert steps_of(out) == ["config"]  # the full check fails at open
+
+
+def test_config_only_lists_every_problem_of_the_file_with_its_line(capsys, tmp_path):
+    path = tmp_path / "eic.yaml"
+    path.write_text("remote_url: local://\neic_thread_num: six\neic_kv_nss: a\neic_thread_num: 4\n")
+    code, out = run_check(capsys, "--config-only", "--config", str(path))
+    assert code == 1 and verdict_of(out, "config") == "FAIL"
+    assert f"{path}: 3 problems" in out
+    for fragment in (
+        f"{path}:2: eic_thread_num: expected an integer, got str 'six'",
+        f"{path}:3: eic_kv_nss: unknown key; did you mean 'eic_kv_ns'? (fix: rename eic_kv_nss to eic_kv_ns)",
+        f"{path}:4: eic_thread_num: is set twice, on lines 2 and 4",
+    ):
+        assert fragment in out, out
+
+
+def test_config_variables_that_differ_make_the_config_step_warn_without_verbose(capsys, tmp_path, monkeypatch):
+    from aibrix_eic.config import ENV_CONFIG, ENV_CONFIG_UPSTREAM
+
+    ours = config_file(tmp_path)
+    monkeypatch.setenv(ENV_CONFIG, ours)
+    monkeypatch.setenv(ENV_CONFIG_UPSTREAM, str(tmp_path / "theirs.yaml"))
+    code, out = run_check(capsys, "--config-only")
+    assert code == 0
+    assert verdict_of(out, "config") == "WARN"
+    assert (
+        f"warning: {ENV_CONFIG}={ours} and {ENV_CONFIG_UPSTREAM}={tmp_path / 'theirs.yaml'} differ; using {ours}" in out
+    )
+
+
+@pytest.mark.parametrize("size", ["0", "0MiB", "0.1"])
+def test_a_block_size_of_zero_is_refused_not_read_as_the_default(capsys, size):
+    with pytest.raises(SystemExit) as info:
+        main(["check", "--block-size", size])
+    assert info.value.code == 2
+    assert "expected a size > 0" in capsys.readouterr().err

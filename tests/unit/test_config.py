@@ -139,13 +139,14 @@ def test_wrong_type_names_file_key_and_expected_type(tmp_path, line, key, expect
 )
 def test_unknown_key_suggests_the_closest(tmp_path, key, suggestion):
     error = error_of(tmp_path, f"remote_url: local://\n{key}: 1\n")
-    assert error.key == key
+    assert error.key == key and error.line == 2
     assert f"did you mean {suggestion!r}" in str(error)
+    assert error.fix == f"rename {key} to {suggestion}"
 
 
 def test_sglang_namespace_key_points_to_ours(tmp_path):
     error = error_of(tmp_path, "remote_url: local://\neic_namespace: a\n")
-    assert "use eic_kv_ns" in str(error)
+    assert error.fix == "rename eic_namespace to eic_kv_ns" and error.line == 2
 
 
 @pytest.mark.parametrize(
@@ -360,7 +361,7 @@ def docs_row(key: str) -> str | None:
     return next((line for line in docs.splitlines() if line.startswith(f"| `{key}` |")), None)
 
 
-KEYS = [field for field in dataclasses.fields(EICConfig) if field.name != "source"]
+KEYS = [field for field in dataclasses.fields(EICConfig) if field.name not in ("source", "lines")]
 
 
 @pytest.mark.parametrize("field", KEYS, ids=lambda field: field.name)
