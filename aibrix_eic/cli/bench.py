@@ -16,6 +16,7 @@ import warnings
 from typing import Any, TextIO
 
 from ..config import ENV_CONFIG, ConfigError, EICConfig
+from ..util.docs import docs_url
 from .baseline import MemcpyBaseline
 from .driver import EMBEDDED_STORE, ManagerDriver, ManagerUnavailable, RequestResult
 from .progress import ProgressBar
@@ -49,7 +50,7 @@ def run_bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             EICConfig.from_env()  # the connector validates it again; this fails before any setup
         except ConfigError as e:
             print(f"aibrix-eic bench: {e}", file=err)
-            print("docs/config.md lists every key; `aibrix-eic check` runs the same validation", file=err)
+            print(f"{docs_url('config.md')} lists every key; `aibrix-eic check` runs the same validation", file=err)
             return 1
         try:
             driver = ManagerDriver(shape, args.tokens, seed=args.seed, shared_dir=args.shared_dir)

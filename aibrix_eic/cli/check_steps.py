@@ -12,6 +12,7 @@ import torch
 
 from ..config import ENV_CONFIG, ConfigError, EICConfig, config_path_from_env
 from ..link.sdk import load_sdk_module
+from ..util.docs import docs_url
 from ..util.units import format_size
 from ..writes.write_behind import SLAB_SHARE
 from .check_advice import ingestion_advice
@@ -103,7 +104,7 @@ class CheckSteps:
             if e.key is None:
                 fix = f"pass the path of a readable YAML file (--config, or ${ENV_CONFIG})"
             else:
-                fix = f"fix {e.key} in {e.source} (docs/config.md lists every key)"
+                fix = f"fix {e.key} in {e.source} ({docs_url('config.md')} lists every key)"
             raise StepFailed(str(e), fix) from None
         config = self.cfg
         source = path or "no config file: the embedded engine with default settings"

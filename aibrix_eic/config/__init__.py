@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from ..util.docs import docs_url
 from . import schema
 from .schema import Bounds, ConfigError, GiB, config_key, sizes
 
@@ -232,4 +233,4 @@ def _unknown_key_hint(key: str, known: set[str]) -> str:
     close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
     if close:
         return f"unknown key; did you mean {close[0]!r}?"
-    return "unknown key (see docs/config.md for the keys this connector reads)"
+    return f"unknown key (see {docs_url('config.md')} for the keys this connector reads)"
