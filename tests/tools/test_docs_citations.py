@@ -20,7 +20,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = sorted(
     [os.path.join("docs", name) for name in os.listdir(os.path.join(ROOT, "docs")) if name.endswith(".md")]
-    + ["README.md", os.path.join("tests", "README.md")]
+    + ["README.md", "CHANGELOG.md", os.path.join("tests", "README.md")]
     + [os.path.join("benchmarks", "README.md"), os.path.join("benchmarks", "RESULTS.md")]
 )
 LINKED_PAGES = DOCS
