@@ -73,11 +73,11 @@ e2e-setup:
 e2e: e2e-setup
 	cd tests/e2e && ../../$(E2E_PY) -m pytest $(E2E_ARGS)
 
-# TTFT in a real server (docs/performance.md); not run by CI, about 15 min here.
+# TTFT in a real server (benchmarks/RESULTS.md); not run by CI, about 15 min here.
 e2e-bench: e2e-setup
 	$(E2E_PY) benchmarks/e2e_ttft.py $(BENCH_ARGS)
 
-# vLLM's serving benchmark against six servers (docs/performance.md); not run
+# vLLM's serving benchmark against six servers (benchmarks/RESULTS.md); not run
 # by CI, about 30 min per run on a quiet 2-core machine.
 serve-bench: e2e-setup
 	$(E2E_PY) benchmarks/serve.py $(BENCH_ARGS)

@@ -5,6 +5,8 @@ every interpreter through the .pth hook. `install()` routes AIBrix's
 `Connector.create(backend_name="EIC")` to `aibrix_eic.connector.EICConnector`.
 """
 
+# The package's one version: pyproject.toml reads it from here
+# ([tool.hatch.version]); CHANGELOG.md names what each version changed.
 __version__ = "0.1.0"
 
 

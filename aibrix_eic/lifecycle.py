@@ -185,11 +185,14 @@ class ConnectorLifecycle(Connector[bytes, torch.Tensor]):
         """Drop the client and the registrations. Idempotent.
 
         wait=True: flush pending writes for up to write_behind_close_timeout_ms,
-        drop (as misses) what is left, stop the threads. wait=False: only
-        signal the threads; they drop what is queued, release what they hold
-        and exit on their own (within a fraction of a second, or when a call
-        in flight returns). The default waits unless this is a finalizer or
-        one of our threads (util/teardown.py says why that must never wait).
+        drop (as misses) what is left, stop the threads. wait=False: return
+        at once; the threads go on sending what is queued for up to
+        write_behind_close_timeout_ms with nobody waiting, then drop what is
+        left (misses), release what they hold and exit (a call in flight
+        releases its regions when it returns), and the process waits for that
+        flush at exit (util/teardown.py's call_at_exit). The default waits
+        unless this is a finalizer or one of our threads (util/teardown.py
+        says why that must never wait).
         """
         try:
             if wait is None:

@@ -8,7 +8,7 @@ A ratio of 1.0 means the engine moves bytes as fast as ctypes.memmove into
 pre-faulted memory. The goal, >= 0.8 from 1 MiB up, is judged on the
 cold-cache ratios; the warm-cache ones are printed too (see docs/engine.md).
 The shared mode's goals are ratios of in-process time over shared time for
-the same call, measured in pairs in this run (docs/performance.md).
+the same call, measured in pairs in this run (benchmarks/RESULTS.md).
 """
 
 import argparse

@@ -29,7 +29,7 @@ latency per SDK call):
 
 Ratios are against the floor (mock) of the same run. Every connector gets its
 own engine store per run, so "in the store" counts only its blocks.
-Results: docs/performance.md.
+Results: benchmarks/RESULTS.md.
 """
 
 import argparse

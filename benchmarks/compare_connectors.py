@@ -31,7 +31,7 @@ Both connectors register the allocator's slabs, as the cache manager does.
 Every get and exists is checked for a full count, and the bytes of a get
 are compared once per connector, so a fast failure cannot pass as speed.
 `--loop CONDITION/WORKLOAD/OP/WHO` repeats one call for a profiler instead
-(see benchmarks/README.md). Results: docs/performance.md.
+(see benchmarks/README.md). Results: benchmarks/RESULTS.md.
 """
 
 import argparse

@@ -50,7 +50,7 @@ prompts' full blocks, all that Type1 offloads), blocks our connector
 served (aibrix_eic_blocks_total get hits) and blocks the engine served (its
 own counters, both connectors), and wall time; then same-run ratios of
 pass-2 TTFT p50. Not in CI: a full run should take about 30 min on a quiet
-machine (docs/performance.md).
+machine (benchmarks/RESULTS.md).
 
     make e2e-setup && .venv-e2e/bin/python benchmarks/serve.py \\
         [--phases plain,eic,...] [--prompts 16 --prompt-len 2000] [--runs 3] [--json out.json]

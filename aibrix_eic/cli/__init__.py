@@ -124,8 +124,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--shared-dir",
         metavar="DIR",
-        help="without --config: keep the embedded engine's store in DIR (its shared mode), "
-        "so that several bench processes run against one store",
+        help="without --config: put the embedded engine's store in DIR (its shared mode), "
+        "so that several bench processes run against one store; what the run created there "
+        "is removed afterwards unless --keep",
+    )
+    bench.add_argument("--keep", action="store_true", help="with --shared-dir: keep the store after the run")
+    bench.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip the same-run baselines (AIBrix's MOCK backend and memcpy) and the verdict",
     )
     bench.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     bench.add_argument("--plot", metavar="PNG", help="draw throughput and latency plots into this file")

@@ -1,22 +1,30 @@
 """`aibrix-eic bench`: offload and reload KV blocks through AIBrix's
 BaseKVCacheManager on backend EIC, verify every byte, report GB/s, per-call
-latency and the hit rate. Without a config it runs on the embedded engine.
+latency and the hit rate, and judge them against baselines measured in the
+same run (AIBrix's MOCK backend, memcpy). Without a config it runs on the
+embedded engine.
 
 Exit status: 0 on a clean run; 1 when the manager cannot be built, EIC is
 unavailable, nothing was reloaded, or a reloaded byte differs.
 """
 
 import argparse
+import contextlib
 import json
 import time
+import warnings
 from typing import Any, TextIO
 
 from ..config import ENV_CONFIG, ConfigError, EICConfig
-from .driver import ManagerDriver, ManagerUnavailable, RequestResult
+from ..util.docs import docs_url
+from .baseline import MemcpyBaseline
+from .driver import EMBEDDED_STORE, ManagerDriver, ManagerUnavailable, RequestResult
 from .progress import ProgressBar
-from .report import render_text, summarize
+from .report import add_baselines, render_text, summarize
 from .runtime import scoped_env
 from .shapes import SHAPES
+from .shared_dir import BenchStore
+from .verdict import write_behind
 
 
 def run_bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -42,7 +50,7 @@ def run_bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             EICConfig.from_env()  # the connector validates it again; this fails before any setup
         except ConfigError as e:
             print(f"aibrix-eic bench: {e}", file=err)
-            print("docs/config.md lists every key; `aibrix-eic check` runs the same validation", file=err)
+            print(f"{docs_url('config.md')} lists every key; `aibrix-eic check` runs the same validation", file=err)
             return 1
         try:
             driver = ManagerDriver(shape, args.tokens, seed=args.seed, shared_dir=args.shared_dir)
@@ -60,8 +68,14 @@ def run_bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def _run(driver: ManagerDriver, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     started = time.perf_counter()
+    store = BenchStore(args.shared_dir, EMBEDDED_STORE, keep=args.keep) if args.shared_dir else None
+    planned = args.warmup + args.requests
     try:
-        with driver.opened(args.warmup + args.requests):
+        with contextlib.ExitStack() as stack:
+            if store is not None:
+                store.prepare()
+                stack.callback(store.cleanup)  # after the manager closed (exits run last-in first-out)
+            stack.enter_context(driver.opened(planned))
             connector = driver.connector
             breaker = getattr(connector, "breaker", None)
             if breaker is not None and breaker.tripped:
@@ -69,10 +83,16 @@ def _run(driver: ManagerDriver, args: argparse.Namespace, out: TextIO, err: Text
                 print(f"aibrix-eic bench: EIC is unavailable ({reason})", file=err)
                 print("run `aibrix-eic check` (with the same --config) for a diagnosis", file=err)
                 return 1
-            progress = ProgressBar(args.warmup + args.requests, err, enabled=False if args.no_progress else None)
-            results = _drive(driver, args.warmup, args.requests, progress)
+            baselines = None
+            if not args.no_baseline:
+                floor = ManagerDriver(driver.shape, driver.tokens, seed=args.seed, mock=True)
+                stack.enter_context(floor.opened(planned))
+                baselines = Baselines(floor, MemcpyBaseline(driver.nblocks, driver.block_nbytes))
+            progress = ProgressBar(planned, err, enabled=False if args.no_progress else None)
+            results = _drive(driver, baselines, args.warmup, args.requests, progress)
             health = connector.health() if hasattr(connector, "health") else None
             backend = _backend_info(driver, connector)
+            put_limit = _write_behind_limit(driver, connector)
     except ManagerUnavailable as e:
         print(f"aibrix-eic bench: AIBrix could not build its cache manager: {e}", file=err)
         print("run `aibrix-eic check` (with the same --config) for a diagnosis", file=err)
@@ -86,6 +106,12 @@ def _run(driver: ManagerDriver, args: argparse.Namespace, out: TextIO, err: Text
         elapsed_s=time.perf_counter() - started,
         seed=args.seed,
     )
+    if baselines is not None:
+        add_baselines(summary, baselines.floor_results, baselines.memcpy_seconds)
+    if health is not None and put_limit is not None:
+        summary["write_behind"] = write_behind(health, put_limit[0], driver.request_nbytes, put_limit[1])
+    if store is not None:
+        summary["backend"]["store_after_run"] = store.outcome()
     if args.json:
         print(json.dumps(summary, indent=2), file=out)
     else:
@@ -103,7 +129,30 @@ def _run(driver: ManagerDriver, args: argparse.Namespace, out: TextIO, err: Text
     return _exit_status(summary, err)
 
 
-def _drive(driver: ManagerDriver, warmup: int, requests: int, progress: ProgressBar) -> list[RequestResult]:
+class Baselines:
+    """The same-run baselines (baseline.py): AIBrix's MOCK floor and memcpy,
+    one round of each after each of our requests."""
+
+    def __init__(self, floor: ManagerDriver, memcpy: MemcpyBaseline) -> None:
+        self.floor = floor
+        self.memcpy = memcpy
+        self.floor_results: list[RequestResult] = []
+        self.memcpy_seconds: list[float] = []
+
+    def run_round(self, index: int, warmup: bool) -> None:
+        with warnings.catch_warnings():
+            # AIBrix's MOCK get wraps read-only bytes in a tensor and torch warns about it.
+            warnings.simplefilter("ignore", UserWarning)
+            self.floor_results.append(self.floor.run_request(index, warmup=warmup))
+        self.floor.forget(index)
+        seconds = self.memcpy.run_round()
+        if not warmup:
+            self.memcpy_seconds.append(seconds)
+
+
+def _drive(
+    driver: ManagerDriver, baselines: Baselines | None, warmup: int, requests: int, progress: ProgressBar
+) -> list[RequestResult]:
     results: list[RequestResult] = []
     offloaded_bytes = 0
     put_seconds = 0.0
@@ -112,6 +161,8 @@ def _drive(driver: ManagerDriver, warmup: int, requests: int, progress: Progress
             is_warmup = index < warmup
             result = driver.run_request(index, warmup=is_warmup)
             results.append(result)
+            if baselines is not None:
+                baselines.run_round(index, is_warmup)
             if is_warmup:
                 note = f"warm-up {index + 1}/{warmup}"
             else:
@@ -123,6 +174,22 @@ def _drive(driver: ManagerDriver, warmup: int, requests: int, progress: Progress
     finally:
         progress.close()
     return results
+
+
+def _write_behind_limit(driver: ManagerDriver, connector: Any) -> tuple[str, int] | None:
+    """Our connector's put_mode and the bytes write-behind holds at most:
+    write_behind_max_bytes, or a share of the slabs registered with it."""
+    config = getattr(connector, "config", None)
+    if config is None or not hasattr(config, "put_mode"):
+        return None
+    from ..writes.write_behind import SLAB_SHARE
+
+    allocator = getattr(driver.manager, "_allocator", None)
+    slab_bytes = sum(slab.numel() * slab.element_size() for slab in getattr(allocator, "slabs", []))
+    limit = config.write_behind_max_bytes
+    if slab_bytes:
+        limit = min(limit, slab_bytes // SLAB_SHARE)
+    return config.put_mode, limit
 
 
 def _backend_info(driver: ManagerDriver, connector: Any) -> dict[str, Any]:

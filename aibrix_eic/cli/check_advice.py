@@ -2,6 +2,7 @@
 matched on the failure's message, for the failures an operator can fix."""
 
 from ..config import EICConfig
+from ..util.docs import docs_url
 
 
 def what_to_fix(message: str, config: EICConfig | None) -> str:
@@ -23,7 +24,7 @@ def what_to_fix(message: str, config: EICConfig | None) -> str:
     if "init returned" in lowered or "client setup raised" in lowered:
         return "EIC refused the client: check eic_instance_id, eic_trans_type and eic_flag_file"
     if "eic config" in lowered:
-        return "fix the config file (docs/config.md lists every key)"
+        return f"fix the config file ({docs_url('config.md')} lists every key)"
     if "namespace_not_found" in lowered:
         return f"namespace {config.eic_kv_ns if config else ''!r} does not exist on this EIC: create it or change eic_kv_ns"
     if "memory_not_registered" in lowered:
@@ -66,7 +67,7 @@ def ingestion_advice(put_mode: str) -> str:
     return (
         f"{L1_ENABLED} is on, {MAX_INFLIGHT_TOKENS}=0 and put_mode is {put_mode}: every block L1 ingests "
         f"({INGESTION_TYPE}={envs.AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_TYPE}) waits for an EIC round trip inside "
-        "the request (docs/performance.md, L1-on); use put_mode write_behind, or set "
+        f"the request ({docs_url('vllm.md', 'l1-on-synchronous-ingestion')}); use put_mode write_behind, or set "
         f"{MAX_INFLIGHT_TOKENS} to at least 2x vLLM's max_num_batched_tokens (that many tokens of extra host "
         "memory) for asynchronous ingestion"
     )

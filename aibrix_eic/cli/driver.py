@@ -41,6 +41,9 @@ MANAGER_ENV = {
     "AIBRIX_KV_CACHE_OL_L2_CACHE_BACKEND": "EIC",
     "AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_MAX_INFLIGHT_TOKENS": "0",
 }
+# AIBrix's own in-memory L2 backend, through the same L2Cache path as ours
+# (mput/mget, which we advertise too): the bench's floor.
+MOCK_ENV = {"AIBRIX_KV_CACHE_OL_L2_CACHE_BACKEND": "MOCK", "AIBRIX_KV_CACHE_OL_MOCK_USE_MPUT_MGET": "1"}
 EMBEDDED_STORE = "aibrix-eic-bench"
 # Distinct random blocks the KV bytes are drawn from; each sent block also
 # carries a stamp of (request, block), so a block loaded into the wrong
@@ -114,7 +117,9 @@ def embedded_engine_config(directory: str, capacity_nbytes: int, shared_dir: str
 class ManagerDriver:
     """One BaseKVCacheManager for one model shape and prompt length."""
 
-    def __init__(self, shape: ModelShape, tokens: int, seed: int = 0, shared_dir: str | None = None) -> None:
+    def __init__(
+        self, shape: ModelShape, tokens: int, seed: int = 0, shared_dir: str | None = None, mock: bool = False
+    ) -> None:
         self.shape = shape
         self.tokens = tokens - tokens % shape.block_ntokens
         if self.tokens <= 0:
@@ -123,6 +128,7 @@ class ManagerDriver:
         self.block_nbytes = shape.block_nbytes
         self.seed = seed
         self.shared_dir = shared_dir  # the embedded engine's shared mode, when set
+        self.mock = mock  # AIBrix's MOCK backend instead of EIC: the baseline
         self.manager: Any = None  # aibrix_kvcache's BaseKVCacheManager once started
         self.config_path = ""  # the user's config; "" for the embedded engine
         rng = np.random.default_rng(seed)
@@ -140,7 +146,9 @@ class ManagerDriver:
         with contextlib.ExitStack() as stack:
             env = dict(MANAGER_ENV)
             self.config_path = config_path_from_env()  # "" when none: we write one
-            if not self.config_path:
+            if self.mock:
+                env.update(MOCK_ENV)
+            elif not self.config_path:
                 directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="aibrix-eic-bench-"))
                 # Room for two requests: the one being reloaded and the last.
                 capacity = max(2 * self.request_nbytes, 64 * 1024**2)
@@ -209,6 +217,11 @@ class ManagerDriver:
         if write_behind.wait_idle(bound_ms / 1000):
             return None
         return f"flush: write-behind had not written the blocks to EIC after {bound_ms:g} ms"
+
+    def forget(self, index: int) -> None:
+        """Delete request `index`'s blocks (untimed): AIBrix's MOCK backend
+        never evicts, and would hold every request otherwise."""
+        self.manager.delete(None, self.prompt(index))
 
     # ------------------------------------------------------------- requests
     def prompt(self, index: int) -> Any:

@@ -24,6 +24,8 @@ def require_matplotlib():
 
 
 def draw(summary: dict[str, Any], path: str) -> None:
+    from .report import OFFLOAD_LABEL, RELOAD_LABEL
+
     matplotlib = require_matplotlib()
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -34,8 +36,8 @@ def draw(summary: dict[str, Any], path: str) -> None:
     model = summary["model"]["name"]
 
     figure, (throughput, latency) = plt.subplots(1, 2, figsize=(12, 4.5))
-    throughput.plot(indexes, [r["offload_gb_per_s"] for r in timed], marker="o", label="offload (put)")
-    throughput.plot(indexes, [r["reload_gb_per_s"] for r in timed], marker="s", label="reload (acquire)")
+    throughput.plot(indexes, [r["offload_gb_per_s"] for r in timed], marker="o", label=OFFLOAD_LABEL)
+    throughput.plot(indexes, [r["reload_gb_per_s"] for r in timed], marker="s", label=RELOAD_LABEL)
     throughput.set_xlabel("request")
     throughput.set_ylabel("GB/s")
     throughput.set_ylim(bottom=0)
@@ -44,11 +46,12 @@ def draw(summary: dict[str, Any], path: str) -> None:
     throughput.grid(alpha=0.3)
 
     ops = [op for op, stats in summary["latency_ms"].items() if stats["count"]]
-    p50 = [summary["latency_ms"][op]["p50"] for op in ops]
-    p99 = [summary["latency_ms"][op]["p99"] for op in ops]
+    stats = [summary["latency_ms"][op] for op in ops]
+    # p99 only when there were enough calls for one (report.py), else the max.
+    tail = "p99" if all(s["p99"] is not None for s in stats) else "max"
     positions = range(len(ops))
-    latency.bar([p - 0.2 for p in positions], p50, width=0.4, label="p50")
-    latency.bar([p + 0.2 for p in positions], p99, width=0.4, label="p99")
+    latency.bar([p - 0.2 for p in positions], [s["p50"] for s in stats], width=0.4, label="p50")
+    latency.bar([p + 0.2 for p in positions], [s[tail] for s in stats], width=0.4, label=tail)
     latency.set_xticks(list(positions), ops, rotation=30)
     latency.set_ylabel("ms per call")
     latency.set_yscale("log")

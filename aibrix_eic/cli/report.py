@@ -9,25 +9,41 @@ import numpy as np
 from ..util.units import format_size
 from .driver import OPS, RequestResult
 from .shapes import ModelShape
+from .verdict import judge, noise
 
 GB = 1e9
 MAX_ERRORS_SHOWN = 5
+# Fewer samples than this and a p99 is only the maximum under another name.
+P99_MIN_SAMPLES = 100
+OFFLOAD_LABEL = "offload (put + flush)"
+RELOAD_LABEL = "reload (acquire)"
 
 
 def _rate(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / GB if seconds > 0 else 0.0
 
 
-def _latency(samples: Sequence[float]) -> dict[str, float]:
+def _latency(samples: Sequence[float]) -> dict[str, float | None]:
+    """p50, mean and max of the per-call times; p99 only from
+    P99_MIN_SAMPLES samples on (null below that)."""
     if not samples:
-        return {"count": 0, "p50": 0.0, "p99": 0.0, "mean": 0.0, "max": 0.0}
+        return {"count": 0, "p50": 0.0, "p99": None, "mean": 0.0, "max": 0.0}
     ms = np.asarray(samples) * 1000
     return {
         "count": len(samples),
         "p50": float(np.percentile(ms, 50)),
-        "p99": float(np.percentile(ms, 99)),
+        "p99": float(np.percentile(ms, 99)) if len(samples) >= P99_MIN_SAMPLES else None,
         "mean": float(ms.mean()),
         "max": float(ms.max()),
+    }
+
+
+def _rates(results: Sequence[RequestResult], bytes_per_token: int) -> dict[str, list[float]]:
+    """GB/s of each timed request, per direction."""
+    timed = [r for r in results if not r.warmup]
+    return {
+        "offload": [_rate(r.offloaded_tokens * bytes_per_token, r.offload_seconds) for r in timed],
+        "reload": [_rate(r.reloaded_tokens * bytes_per_token, r.seconds.get("acquire", 0.0)) for r in timed],
     }
 
 
@@ -91,9 +107,32 @@ def summarize(
             }
             for r in results
         ],
+        "noise": noise(_rates(results, bytes_per_token)),
         "connector_health": connector_health or {},
         "elapsed_s": elapsed_s,
     }
+
+
+def add_baselines(summary: dict[str, Any], floor: Sequence[RequestResult], memcpy_seconds: Sequence[float]) -> None:
+    """The same-run baselines and the verdict against them (verdict.py)."""
+    bytes_per_token = summary["bytes_per_token"]
+    request_nbytes = summary["workload"]["bytes_per_request"]
+    timed = [r for r in floor if not r.warmup]
+    mock_rates = _rates(floor, bytes_per_token)
+    memcpy_rates = [_rate(request_nbytes, s) for s in memcpy_seconds]
+    offloaded = sum(r.offloaded_tokens for r in timed) * bytes_per_token
+    reloaded = sum(r.reloaded_tokens for r in timed) * bytes_per_token
+    summary["baseline"] = {
+        "mock": {
+            "offload_gb_per_s": _rate(offloaded, sum(r.offload_seconds for r in timed)),
+            "reload_gb_per_s": _rate(reloaded, sum(r.seconds.get("acquire", 0.0) for r in timed)),
+            "mismatched_blocks": sum(r.mismatched_blocks for r in timed),
+            "errors": [e for r in timed for e in r.errors][:MAX_ERRORS_SHOWN],
+        },
+        "memcpy": {"gb_per_s": _rate(len(memcpy_seconds) * request_nbytes, sum(memcpy_seconds))},
+    }
+    ours = {d: [r[f"{d}_gb_per_s"] for r in summary["per_request"] if not r["warmup"]] for d in ("offload", "reload")}
+    summary["verdict"] = judge(ours, mock_rates, memcpy_rates)
 
 
 STORE_MODES = {
@@ -106,9 +145,12 @@ STORE_MODES = {
 def render_text(summary: dict[str, Any]) -> str:
     model, work, backend = summary["model"], summary["workload"], summary["backend"]
     latency = summary["latency_ms"]
+    few = any(stats["count"] and stats["p99"] is None for stats in latency.values())
 
     def lat(op: str) -> str:
-        return f"p50 {latency[op]['p50']:8.2f} ms   p99 {latency[op]['p99']:8.2f} ms"
+        stats = latency[op]
+        tail = f"p99 {stats['p99']:8.2f} ms" if stats["p99"] is not None else f"max {stats['max']:8.2f} ms"
+        return f"p50 {stats['p50']:8.2f} ms   {tail}"
 
     tokens = summary["tokens"]
     lines = [
@@ -117,6 +159,10 @@ def render_text(summary: dict[str, Any]) -> str:
         f"({model['block_ntokens']} tokens, {model['dtype']}, LCND)",
         f"backend   {backend['remote_url']} via {backend['manager']} -> {backend['connector']}",
         f"store     {STORE_MODES[backend['store_mode']].format(dir=backend['store_dir'])}",
+    ]
+    if backend.get("store_after_run"):
+        lines.append(f"          {backend['store_after_run']}")
+    lines += [
         f"workload  {work['requests']} requests x {work['tokens_per_request']} tokens "
         f"({work['blocks_per_request']} blocks, {format_size(work['bytes_per_request'])} each), "
         f"{work['warmup_requests']} warm-up",
@@ -124,9 +170,17 @@ def render_text(summary: dict[str, Any]) -> str:
         f"offload   {summary['offload']['gb_per_s']:7.2f} GB/s   put      {lat('put')}",
         f"          (put + flush)  flush    {lat('flush')}",
         f"reload    {summary['reload']['gb_per_s']:7.2f} GB/s   acquire  {lat('acquire')}",
-        f"lookup                    exists   {lat('lookup')}",
+        f"lookups                   exists   {lat('exists')}   (send turn: a new prompt)",
+        f"                          lookup   {lat('lookup')}   (receive turn: exists on the sent prompt)",
         f"send path {summary['send_path']['gb_per_s']:7.2f} GB/s   (exists + allocate + copy-in + put)",
         f"recv path {summary['receive_path']['gb_per_s']:7.2f} GB/s   (exists + acquire + verify + release)",
+    ]
+    if few:
+        lines.append(
+            f"          latencies: p50 and max of one call per request (p99 from {P99_MIN_SAMPLES} requests on)"
+        )
+    lines += _write_behind_lines(summary)
+    lines += [
         "",
         f"hit rate  {summary['hit_rate'] * 100:.1f}% ({tokens['reloaded']}/{tokens['offered']} tokens reloaded; "
         f"lookup saw {summary['lookup_hit_rate'] * 100:.1f}%)",
@@ -134,4 +188,42 @@ def render_text(summary: dict[str, Any]) -> str:
     ]
     if summary["error_count"]:
         lines.append(f"errors    {summary['error_count']}, first: {summary['errors'][0]}")
+    lines += _verdict_lines(summary)
     return "\n".join(lines)
+
+
+def _write_behind_lines(summary: dict[str, Any]) -> list[str]:
+    wb = summary.get("write_behind")
+    if wb is None:
+        return []
+    head = f"write-behind {wb['blocks']}/{wb['of_blocks']} put blocks (put_mode {wb['put_mode']})"
+    if wb["put_mode"] == "write_behind" and not wb["engaged"]:
+        head = f"write-behind NOT ENGAGED: 0/{wb['of_blocks']} put blocks (put_mode {wb['put_mode']})"
+    return [head, f"          {wb['why']}"]
+
+
+def _verdict_lines(summary: dict[str, Any]) -> list[str]:
+    lines = []
+    baseline, verdict = summary.get("baseline"), summary.get("verdict")
+    if baseline is not None and verdict is not None:
+        mock = baseline["mock"]
+        lines += [
+            "",
+            f"baseline  same run, same bytes: AIBrix MOCK backend offload {mock['offload_gb_per_s']:.2f} GB/s, "
+            f"reload {mock['reload_gb_per_s']:.2f} GB/s; memcpy {baseline['memcpy']['gb_per_s']:.2f} GB/s",
+        ]
+        for direction in ("offload", "reload"):
+            v = verdict[direction]
+            m, c = v["vs_mock"], v["vs_memcpy"]
+            lines.append(
+                f"verdict   {direction} {m['median']:.2f}x of the MOCK floor: {v['grade']} "
+                f"(rounds {m['min']:.2f}-{m['max']:.2f}x; {c['median']:.2f}x memcpy)"
+            )
+        t = verdict["thresholds"]
+        lines.append(f"          good >= {t['good']}x of the floor, fair >= {t['fair']}x, else slow (median of rounds)")
+        if mock["mismatched_blocks"] or mock["errors"]:
+            lines.append(f"          the MOCK floor went wrong too: {mock['errors'][:1] or 'mismatched blocks'}")
+    note = summary["noise"]["note"]
+    if note:
+        lines += ["", f"noise     {note}"]
+    return lines

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..util.docs import docs_url
 from . import schema
 from .schema import Bounds, ConfigError, GiB, Problem, config_key, sizes
 from .yaml_file import ConfigFile
@@ -198,7 +199,9 @@ class EICConfig:
             try:
                 parse_endpoint(rest)
             except ValueError as e:
-                problems.append(Problem("remote_url", str(e), "correct the local:// parameter named (docs/engine.md)"))
+                problems.append(
+                    Problem("remote_url", str(e), f"correct the local:// parameter named ({docs_url('engine.md')})")
+                )
         if self.eic_kv_ttl == 0 or self.eic_kv_ttl < -1:
             problems.append(
                 Problem(
@@ -300,7 +303,9 @@ def _unknown_key(key: str, line: int | None) -> Problem:
     close = difflib.get_close_matches(key, sorted(KEY_CHECKS), n=1, cutoff=0.6)
     if close:
         return Problem(key, f"unknown key; did you mean {close[0]!r}?", f"rename {key} to {close[0]}", line)
-    return Problem(key, "unknown key", f"remove {key}; docs/config.md lists the keys this connector reads", line)
+    return Problem(
+        key, "unknown key", f"remove {key}; {docs_url('config.md')} lists the keys this connector reads", line
+    )
 
 
 def _value_fix(key: str) -> str:

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..util.docs import docs_url
 from .canonical import canonical_text
 
 logger = logging.getLogger(__name__)
@@ -130,8 +131,9 @@ def announce(identity: ModelIdentity, config: Any) -> None:
     if identity.private:
         logger.warning(
             "EIC keys carry model identity %s. No other process or connector reads these entries; "
-            "they only fill EIC until its TTL or eviction removes them (docs/config.md#model-identity).",
+            "they only fill EIC until its TTL or eviction removes them (%s).",
             identity.describe(),
+            docs_url("config.md", "model-identity"),
         )
         return
     if identity.known:
@@ -140,10 +142,11 @@ def announce(identity: ModelIdentity, config: Any) -> None:
     logger.warning(
         "EIC keys carry NO MODEL IDENTITY: %s sets no model_id and no vLLM config is visible. "
         "Deployments sharing this EIC (%s, namespace %r) with the same layer and head ranges "
-        "will read each other's KV as their own. Set model_id in the EIC YAML (docs/config.md).",
+        "will read each other's KV as their own. Set model_id in the EIC YAML (%s).",
         config.source,
         config.remote_url,
         config.eic_kv_ns,
+        docs_url("config.md", "model-identity"),
     )
 
 

@@ -120,7 +120,7 @@ class SdkClient:
         try:  # a binding may refuse any field; that is a failed open, like an unreachable cluster
             option = module.InitOption()
             # The binding casts any int to its enums; the config only lets
-            # the documented values through (config_values.py).
+            # the documented values through (config/schema.py).
             option.log_level = module.LogLevel(config.eic_log_level)
             option.transport_type = module.TransportType(config.eic_trans_type)
             # Unset fields keep the binding's default: a std::string field refuses None.

@@ -16,6 +16,7 @@ import threading
 
 import prometheus_client
 
+from ..util.docs import docs_url
 from .families import MULTIPROC_ENV
 
 logger = logging.getLogger(__name__)
@@ -58,9 +59,10 @@ def start_exporter(first_port: int, host: str = LOOPBACK) -> int | None:
             if os.environ.get(_IN_KUBERNETES_ENV) and is_loopback(host):
                 logger.warning(
                     "EIC connector metrics listen on %s:%d, which a Prometheus in another pod cannot reach; "
-                    "set metrics_host: 0.0.0.0 in the EIC YAML to have them scraped (docs/operations.md#metrics)",
+                    "set metrics_host: 0.0.0.0 in the EIC YAML to have them scraped (%s)",
                     host,
                     port,
+                    docs_url("operations.md", "metrics"),
                 )
             return port
         logger.warning(

@@ -1,6 +1,8 @@
 """Write-behind and put coalescing: puts join a queue (table.py) that the
-flusher sends to EIC as batched msets, in drains on the data pool that its
-watcher thread starts (flusher.py; docs/write-behind.md says why and how).
+flusher sends to EIC as batched msets, in drains on the data pool: the put
+that queues work when no drain runs starts one itself, the watcher thread
+only those for work a drain left (flusher.py; docs/write-behind.md says why
+and how).
 
 - `put_mode: write_behind`: a put takes its own reference on every region
   (request/checks.py's hold), queues the blocks and returns OK at once; the

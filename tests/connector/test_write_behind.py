@@ -566,7 +566,7 @@ def test_a_long_stream_of_writes_does_not_look_like_a_stuck_pool_thread(make_rig
 def test_a_put_starts_its_flush_without_waking_the_watcher(make_rig, monkeypatch):
     """The put that finds no drain running starts one on the data pool
     itself: a wake-up of the watcher thread per burst of puts is CPU the
-    caller loses on a busy host (docs/performance.md, L1-on). With the
+    caller loses on a busy host (benchmarks/RESULTS.md, L1-on). With the
     watcher thread gone, every write still reaches EIC, in order."""
     from aibrix_eic.writes import flusher
 

@@ -6,6 +6,7 @@ import ctypes
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -16,7 +17,9 @@ import aibrix_eic
 from aibrix_eic.cli import main
 from aibrix_eic.cli.driver import EMBEDDED_STORE
 from aibrix_eic.cli.progress import ProgressBar
+from aibrix_eic.cli.report import render_text
 from aibrix_eic.cli.shapes import SHAPES
+from aibrix_eic.cli.verdict import grade, noise, spread
 from aibrix_eic.engine import get_store
 from aibrix_eic.engine.store import Store
 
@@ -39,7 +42,8 @@ def test_json_has_the_fields(capsys):
     for op in ("put", "acquire", "lookup", "exists"):
         latency = summary["latency_ms"][op]
         assert latency["count"] == 2
-        assert 0 < latency["p50"] <= latency["p99"]
+        assert 0 < latency["p50"] <= latency["max"]
+        assert latency["p99"] is None, "a p99 of 2 samples is their max"
     assert summary["hit_rate"] == 1.0
     assert summary["bytes_per_token"] == 131072
     assert summary["model"]["block_nbytes"] == 2 * 1024**2
@@ -263,7 +267,7 @@ def test_two_bench_processes_run_against_one_shared_store(capsys, shared_dir):
     repo_root = os.path.dirname(os.path.dirname(os.path.abspath(aibrix_eic.__file__)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIBRIX_KV_CACHE_OL_EIC_CONFIG")}
     first = subprocess.run(
-        [sys.executable, "-m", "aibrix_eic", "bench", *SMALL, "--json", "--shared-dir", shared_dir],
+        [sys.executable, "-m", "aibrix_eic", "bench", *SMALL, "--json", "--shared-dir", shared_dir, "--keep"],
         env={**env, "PYTHONPATH": repo_root},
         capture_output=True,
         text=True,
@@ -281,9 +285,151 @@ def test_two_bench_processes_run_against_one_shared_store(capsys, shared_dir):
     assert json.loads(out)["backend"]["store_mode"] == "shared"
     code, out, _ = run_bench(capsys, *SMALL, "--shared-dir", shared_dir)
     assert f"store     the embedded engine, shared: a store in {shared_dir}" in out
+    store = os.path.join(shared_dir, EMBEDDED_STORE)
+    assert f"left {store} as it was: it existed before this run" in out
+    assert os.path.isdir(store), "a store this run did not create was removed"
 
 
 def test_shared_dir_with_a_config_is_refused(capsys, tmp_path):
     config = write_config(str(tmp_path / "eic.yaml"), remote_url="local://")
     code, _, err = run_bench(capsys, *SMALL, "--config", config, "--shared-dir", str(tmp_path))
     assert code == 2 and "--shared-dir" in err
+
+
+# ------------------------------------------------- what a result means
+
+
+def test_the_verdict_is_against_baselines_measured_in_the_same_run(capsys):
+    code, out, _ = run_bench(capsys, *SMALL, "--json")
+    assert code == 0
+    summary = json.loads(out)
+    mock = summary["baseline"]["mock"]
+    assert mock["offload_gb_per_s"] > 0 and mock["reload_gb_per_s"] > 0
+    assert mock["mismatched_blocks"] == 0 and mock["errors"] == [], "the MOCK floor verified its reloads too"
+    assert summary["baseline"]["memcpy"]["gb_per_s"] > 0
+    verdict = summary["verdict"]
+    assert verdict["thresholds"] == {"good": 0.7, "fair": 0.4, "noisy_spread": 0.5}
+    for direction in ("offload", "reload"):
+        vs_mock = verdict[direction]["vs_mock"]
+        assert vs_mock["min"] <= vs_mock["median"] <= vs_mock["max"]
+        assert verdict[direction]["grade"] == grade(vs_mock["median"])
+    code, out, _ = run_bench(capsys, *SMALL)
+    assert code == 0
+    assert re.search(r"^verdict   offload \d+\.\d\dx of the MOCK floor: (good|fair|slow) \(rounds ", out, re.M)
+    assert re.search(r"^verdict   reload \d+\.\d\dx of the MOCK floor: (good|fair|slow)", out, re.M)
+    assert "good >= 0.7x of the floor, fair >= 0.4x, else slow" in out
+    assert "baseline  same run, same bytes: AIBrix MOCK backend offload" in out and "memcpy" in out
+
+
+def test_no_baseline_skips_the_floor(capsys):
+    code, out, _ = run_bench(capsys, *SMALL, "--json", "--no-baseline")
+    assert code == 0
+    summary = json.loads(out)
+    assert "baseline" not in summary and "verdict" not in summary
+
+
+@pytest.mark.parametrize(
+    "ratio, expected", [(1.3, "good"), (0.7, "good"), (0.69, "fair"), (0.4, "fair"), (0.39, "slow")]
+)
+def test_grades(ratio, expected):
+    assert grade(ratio) == expected
+
+
+def test_spread_is_the_range_around_the_median():
+    assert spread([3.7, 7.0, 5.0, 4.0]) == pytest.approx({"median": 4.5, "min": 3.7, "max": 7.0, "relative": 3.3 / 4.5})
+    assert spread([2.0, 1.0, 3.0])["median"] == 2.0
+
+
+def test_a_wide_spread_of_rounds_prints_a_noise_note(capsys):
+    quiet = noise({"offload": [5.0, 5.2, 4.9], "reload": [6.0, 6.1, 6.2]})
+    assert quiet["noisy"] is False and quiet["note"] is None
+    loud = noise({"offload": [3.7, 7.0, 5.0, 4.0], "reload": [6.0, 6.1, 6.2]})
+    assert loud["noisy"] is True
+    assert "offload 3.70-7.00 GB/s (median 4.50)" in loud["note"] and "reload" not in loud["note"]
+    summary = _small_summary(capsys)
+    assert "noise" not in render_text({**summary, "noise": quiet})
+    assert f"noise     {loud['note']}" in render_text({**summary, "noise": loud})
+
+
+def _small_summary(capsys) -> dict:
+    code, out, _ = run_bench(capsys, *SMALL, "--json", "--no-baseline")
+    assert code == 0
+    return json.loads(out)
+
+
+def test_the_exists_row_prints_exists_and_the_lookup_row_lookup(capsys):
+    summary = _small_summary(capsys)
+    summary["latency_ms"]["exists"].update(p50=111.0, max=112.0)
+    summary["latency_ms"]["lookup"].update(p50=222.0, max=223.0)
+    text = render_text(summary)
+    (exists_row,) = [line for line in text.splitlines() if " exists   p50" in line]
+    (lookup_row,) = [line for line in text.splitlines() if " lookup   p50" in line]
+    assert "p50   111.00 ms   max   112.00 ms" in exists_row
+    assert "p50   222.00 ms   max   223.00 ms" in lookup_row
+
+
+def test_p99_is_printed_only_from_enough_samples(capsys):
+    code, out, _ = run_bench(capsys, *SMALL, "--no-baseline")
+    assert code == 0
+    assert "p99" not in out.replace("p99 from 100 requests on", "")
+    assert "latencies: p50 and max of one call per request (p99 from 100 requests on)" in out
+
+
+def test_the_plot_labels_say_what_the_text_says(capsys, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib", reason="--plot needs the plot extra (matplotlib)")
+    import matplotlib.pyplot as plt
+
+    figures = []
+    real_close = plt.close
+    monkeypatch.setattr(plt, "close", lambda figure: (figures.append(figure), real_close(figure)))
+    code, out, _ = run_bench(capsys, *SMALL, "--no-baseline", "--plot", str(tmp_path / "bench.png"))
+    assert code == 0
+    throughput = figures[0].axes[0]
+    _, labels = throughput.get_legend_handles_labels()
+    assert labels == ["offload (put + flush)", "reload (acquire)"]
+    assert "(put + flush)" in out
+
+
+def test_the_text_says_when_write_behind_did_not_engage_and_why(capsys, tmp_path):
+    # 8 MiB per request, write-behind holds at most 1 MiB: every put waits,
+    # as on the README's 70B example (312.5 MiB per request, 256 MiB held).
+    path = write_config(str(tmp_path / "eic.yaml"), remote_url="local://wb", write_behind_max_bytes="1MiB")
+    code, out, _ = run_bench(capsys, *SMALL, "--config", path, "--no-baseline")
+    assert code == 0
+    assert "write-behind NOT ENGAGED: 0/12 put blocks (put_mode write_behind)" in out
+    assert "one request puts 8.0MiB, more than write-behind holds (1.0MiB" in out
+    assert "3 puts waited for EIC" in out
+    code, out, _ = run_bench(capsys, *SMALL, "--config", path, "--no-baseline", "--json")
+    wb = json.loads(out)["write_behind"]
+    assert wb == {**wb, "engaged": False, "blocks": 0, "of_blocks": 12, "waits": 3, "limit_bytes": 1024**2}
+
+
+def test_the_text_says_when_write_behind_took_every_put(capsys):
+    code, out, _ = run_bench(capsys, *SMALL, "--no-baseline")
+    assert code == 0
+    assert "write-behind 12/12 put blocks (put_mode write_behind)" in out
+
+
+def test_shared_dir_removes_the_store_it_created(capsys, shared_dir):
+    new = os.path.join(shared_dir, "new")
+    code, out, _ = run_bench(capsys, *SMALL, "--shared-dir", new)
+    assert code == 0
+    assert f"removed {os.path.join(new, EMBEDDED_STORE)} (" in out
+    assert not os.path.exists(new), "the directory the bench created is still there"
+
+
+def test_shared_dir_that_existed_keeps_everything_but_the_store(capsys, shared_dir):
+    with open(os.path.join(shared_dir, "mine.txt"), "w") as f:
+        f.write("not the bench's")
+    code, _, _ = run_bench(capsys, *SMALL, "--shared-dir", shared_dir)
+    assert code == 0
+    assert os.listdir(shared_dir) == ["mine.txt"]
+
+
+def test_shared_dir_with_keep_keeps_the_store(capsys, shared_dir):
+    new = os.path.join(shared_dir, "new")
+    code, out, _ = run_bench(capsys, *SMALL, "--shared-dir", new, "--keep")
+    assert code == 0
+    store = os.path.join(new, EMBEDDED_STORE)
+    assert f"kept {store} (--keep)" in out
+    assert os.path.isfile(os.path.join(store, "data.mdb"))

@@ -355,7 +355,7 @@ def test_synchronous_ingestion_that_waits_for_eic_is_a_warning_naming_the_settin
 ):
     """AIBrix's defaults (L1 on, MAX_INFLIGHT_TOKENS 0) with a put that
     waits for EIC: one round trip per block inside the request, 1.9-7.7x
-    slower than async in docs/performance.md. A warning, not a failure."""
+    slower than async in benchmarks/RESULTS.md. A warning, not a failure."""
     monkeypatch.delenv("AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_MAX_INFLIGHT_TOKENS")
     if l1_enabled is None:
         monkeypatch.delenv("AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED", raising=False)

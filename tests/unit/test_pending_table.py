@@ -1,4 +1,4 @@
-"""A hypothesis state machine that drives the write-behind table (pending.py)
+"""A hypothesis state machine that drives the write-behind table (writes/table.py)
 the way write_behind.py and the flusher do, against a model of what EIC may
 hold and of the newest accepted version of each key.
 
