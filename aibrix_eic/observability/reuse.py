@@ -5,7 +5,7 @@ blocks, not tokens (AIBrix's own `reused N tokens` line has the tokens).
 One DEBUG line per get request, and at INFO a summary of the gets since the
 last one, at most every `interval_s` and only while gets arrive, so a busy
 worker writes one INFO line a minute, not one per request. Never a key.
-Logger `aibrix_eic.reuse`: set it to WARNING to silence the summaries, to
+Logger `aibrix_eic.observability.reuse`: set it to WARNING to silence the summaries, to
 DEBUG for every request.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from ..util.units import format_size
 
-logger = logging.getLogger("aibrix_eic.reuse")
+logger = logging.getLogger(__name__)
 
 
 class ReuseLog:

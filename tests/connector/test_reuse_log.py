@@ -24,12 +24,12 @@ def test_each_get_logs_the_blocks_it_loaded_and_no_key(rig, caplog):
     stored = rig.filled([bytes([i]) * BLOCK for i in range(4)])
     assert all(s.is_ok() for s in rig.run(rig.conn.mput(KEYS[:4], stored)))
     rig.release(stored)
-    caplog.set_level(logging.DEBUG, logger="aibrix_eic.reuse")
+    caplog.set_level(logging.DEBUG, logger="aibrix_eic.observability.reuse")
     mrs = rig.blocks(6)
     statuses = rig.run(rig.conn.mget(KEYS, mrs))  # 4 stored, 2 never were
     rig.release(mrs)
     assert [s.is_ok() for s in statuses] == [True] * 4 + [False] * 2
-    lines = [r.getMessage() for r in caplog.records if r.name == "aibrix_eic.reuse" and r.levelno == logging.DEBUG]
+    lines = [r.getMessage() for r in caplog.records if r.name == "aibrix_eic.observability.reuse" and r.levelno == logging.DEBUG]
     assert len(lines) == 1
     assert lines[0].startswith("EIC get: 4 of 6 blocks loaded (16.0KiB) in ")
     for key in KEYS:
@@ -37,17 +37,17 @@ def test_each_get_logs_the_blocks_it_loaded_and_no_key(rig, caplog):
 
 
 def test_no_debug_line_when_debug_is_off(rig, caplog):
-    caplog.set_level(logging.INFO, logger="aibrix_eic.reuse")
+    caplog.set_level(logging.INFO, logger="aibrix_eic.observability.reuse")
     mrs = rig.blocks(2)
     rig.run(rig.conn.mget(KEYS[:2], mrs))
     rig.release(mrs)
-    assert not [r for r in caplog.records if r.name == "aibrix_eic.reuse" and r.levelno == logging.DEBUG]
+    assert not [r for r in caplog.records if r.name == "aibrix_eic.observability.reuse" and r.levelno == logging.DEBUG]
 
 
 def test_the_info_summary_comes_once_per_interval_with_the_totals_since_the_last(caplog):
     now = [0.0]
     reuse = ReuseLog(interval_s=60.0, clock=lambda: now[0])
-    caplog.set_level(logging.INFO, logger="aibrix_eic.reuse")
+    caplog.set_level(logging.INFO, logger="aibrix_eic.observability.reuse")
     for second in range(0, 60, 10):  # 6 gets inside one interval: no summary yet
         now[0] = float(second)
         reuse.get(asked=8, loaded=6, nbytes=6 * BLOCK, seconds=0.001)

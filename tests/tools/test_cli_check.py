@@ -391,7 +391,9 @@ def test_config_only_validates_a_production_config_away_from_its_node(capsys):
     code, out = run_check(capsys, "--config-only", "--config", path)
     assert code == 0, out
     assert verdict_of(out, "config") == "WARN"
-    assert f"{path}:7: eic_flag_file: /etc/eic/flags does not exist" in out and "ConfigMap" in out
+    with open(path) as f:
+        line = next(n for n, text in enumerate(f, 1) if text.startswith("eic_flag_file:"))
+    assert f"{path}:{line}: eic_flag_file: /etc/eic/flags does not exist" in out and "ConfigMap" in out
     assert "verdict: PASS: the config is valid for eic://10.0.0.11:12500 (not connected, 1 warning(s))" in out
     assert steps_of(out) == ["config"]
 
