@@ -525,10 +525,11 @@ def test_a_long_stream_of_writes_does_not_look_like_a_stuck_pool_thread(make_rig
     # batch_keys=64: a round is one call, so the drain keeps its thread while writes keep coming
     # (without the hand-back its task ran the whole stream). batch_keys=1: a round's second call
     # goes to the pool, whose submit is where a thread that looks stuck gets replaced.
-    # Deadlines of 1 s: only a stall of the whole process for over 0.75 s could fail this
-    # (a loaded CI host stalled past 0.2 s once).
-    rig = make_rig(store="wb-stream", get_timeout_ms=1000, put_timeout_ms=1000, eic_thread_num=2, batch_keys=batch_keys)
-    stuck_after_s = 1.0
+    # Deadlines of 2 s: a drain hands its thread back after 0.5 s, so only a stall of the whole
+    # process for over 1.5 s could fail this (a host at load 12 on 2 cores stalled 0.3 s past a
+    # 0.75 s margin).
+    rig = make_rig(store="wb-stream", get_timeout_ms=2000, put_timeout_ms=2000, eic_thread_num=2, batch_keys=batch_keys)
+    stuck_after_s = 2.0
     rig.store.faults.latency_s = 0.005
     pool = rig.conn.link.data_pool
     longest_task_s, streaming = [0.0], threading.Event()
