@@ -158,8 +158,13 @@ def store_entry(path: str, mode: int) -> None:
 def open_file(path: str, mode: int) -> int:
     """A descriptor on the store file `path`, created 0600 (or per `mode`)
     if missing; never through a symlink."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode(mode))
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, file_mode(mode))
+            os.fchmod(fd, file_mode(mode))  # the umask masked open's mode
+        except FileExistsError:
+            fd = os.open(path, flags)
     except OSError as e:
         raise from_os_error(path, e) from e
     try:

@@ -11,7 +11,6 @@ import zlib
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-import lmdb
 import numpy as np
 
 from . import device
@@ -95,7 +94,7 @@ def source_bytes(addr: int, nbytes: int, on_device: bool) -> Any:  # a buffer: m
 class Writer:
     """One write transaction's view of the bookkeeping; save() writes it back."""
 
-    def __init__(self, txn: lmdb.Transaction, store: "SharedStore") -> None:
+    def __init__(self, txn: Any, store: "SharedStore") -> None:  # an lmdb.Transaction
         self.txn = txn
         self.dbs = store._dbs
         self.stats = store.stats

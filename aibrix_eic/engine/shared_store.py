@@ -101,6 +101,7 @@ _MAP_SLACK = 64 << 20
 _MIN_MAP = 64 << 30
 DEFAULT_CAPACITY = 4 * 1024**3
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+_SHORT_WRITE_MARGIN = 16 << 20  # pages LMDB writes besides the values (tree, free list)
 _DBS = ("values", "meta", "order", "expiry", "info")
 
 
@@ -113,9 +114,20 @@ def usable_capacity(map_size: int) -> int:
     return (map_size - _MAP_SLACK) // 2
 
 
-def _out_of_space(e: Exception) -> bool:
-    """An LMDB error caused by a full filesystem."""
-    return any(os.strerror(code) in str(e) for code in _FULL)
+def _out_of_space(e: Exception, path: str, nbytes: int) -> bool:
+    """An LMDB error caused by a full filesystem: ENOSPC or EDQUOT, or the
+    EIO LMDB reports for a short write, when the filesystem has no room
+    left for what was written."""
+    text = str(e)
+    if any(os.strerror(code) in text for code in _FULL):
+        return True
+    if os.strerror(errno.EIO) not in text:
+        return False
+    try:
+        fs = os.statvfs(path)
+    except OSError:
+        return False
+    return fs.f_bavail * fs.f_frsize < nbytes + _SHORT_WRITE_MARGIN
 
 
 class SharedStore:
@@ -439,7 +451,7 @@ class SharedStore:
             # The map is full of pages older read snapshots still held.
             codes = [StatusCode.OUT_OF_CAPACITY] * len(keys)
         except lmdb.Error as e:
-            if not _out_of_space(e):
+            if not _out_of_space(e, self.path, sum(nbytes for _, nbytes in sources)):
                 raise
             # The filesystem is full: nothing of this call was committed,
             # and the store serves on (reads, and puts once space frees).
