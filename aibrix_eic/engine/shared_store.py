@@ -130,6 +130,12 @@ def _out_of_space(e: Exception, path: str, nbytes: int) -> bool:
     return fs.f_bavail * fs.f_frsize < nbytes + _SHORT_WRITE_MARGIN
 
 
+class StoreFull(StoreUnavailable):
+    """A write the store has no room for: its filesystem is full, or its map
+    is full of pages older snapshots still hold. put_many turns it into
+    OUT_OF_CAPACITY; the store serves on."""
+
+
 class SharedStore:
     """A capacity-bounded byte store in DIR, shared by every process that opens it."""
 
@@ -301,11 +307,14 @@ class SharedStore:
             try:
                 txn, release = self._lock.read(lambda: env.begin(buffers=True), lambda t: t.id())
                 break
-            except lmdb.MapResizedError:
+            except lmdb.MapResizedError as e:
                 self._leave()
                 if attempt == 2:
-                    raise
+                    raise self._failed(e) from e
                 self._adopt_grown_map()
+            except lmdb.Error as e:
+                self._leave()
+                raise self._failed(e) from e
             except BaseException:
                 self._leave()
                 raise
@@ -316,9 +325,11 @@ class SharedStore:
             release()
             self._leave()
 
-    def _write(self, work: Callable[[Writer], None]) -> None:
+    def _write(self, work: Callable[[Writer], None], nbytes: int = 0) -> None:
         """Run `work` in one write transaction, after the hits remembered
-        since the last one and the due expiries."""
+        since the last one and the due expiries (`nbytes`: what it writes).
+        Raises StoreFull when there is no room for it, StoreUnavailable for
+        any other failure of LMDB."""
         with self._hits_lock:
             hits, self._hits = self._hits, {}
         env = self.env
@@ -330,10 +341,31 @@ class SharedStore:
                 finally:
                     self._leave()
                 return
-            except lmdb.MapResizedError:
+            except lmdb.MapResizedError as e:
                 if attempt == 2:
-                    raise
+                    raise self._failed(e) from e
                 self._adopt_grown_map()
+            except lmdb.MapFullError as e:
+                raise StoreFull(
+                    self.path,
+                    "its map is full of pages that older read snapshots still hold",
+                    "lower capacity= (the map is twice the capacity at creation)",
+                ) from e
+            except lmdb.Error as e:
+                if _out_of_space(e, self.path, nbytes):
+                    raise StoreFull(
+                        self.path,
+                        f"no space left on its filesystem ({e})",
+                        "free space there, or set capacity= to what the filesystem holds (docs/operations.md)",
+                    ) from e
+                raise self._failed(e) from e
+
+    def _failed(self, e: Exception) -> StoreUnavailable:
+        return StoreUnavailable(
+            self.path,
+            f"LMDB failed: {e}",
+            f"if it persists, remove {self.path} once no process uses it (it holds only cached KV)",
+        )
 
     def _write_once(self, env: Any, hits: dict[bytes, None], work: Callable[[Writer], None]) -> None:
         with self._lock.write(lambda: env.info()["last_txnid"] + 1) as commit:
@@ -446,15 +478,10 @@ class SharedStore:
                 self.stats.bytes_in += nbytes
 
         try:
-            self._write(store)
-        except lmdb.MapFullError:
-            # The map is full of pages older read snapshots still held.
-            codes = [StatusCode.OUT_OF_CAPACITY] * len(keys)
-        except lmdb.Error as e:
-            if not _out_of_space(e, self.path, sum(nbytes for _, nbytes in sources)):
-                raise
-            # The filesystem is full: nothing of this call was committed,
-            # and the store serves on (reads, and puts once space frees).
+            self._write(store, sum(nbytes for _, nbytes in sources))
+        except StoreFull:
+            # Nothing of this call was committed, and the store serves on
+            # (reads, and puts once space frees).
             codes = [StatusCode.OUT_OF_CAPACITY] * len(keys)
         self.stats.puts += len(keys)
         return codes

@@ -48,7 +48,7 @@ FORK_AFTER_OPEN = """
             eic.get_store(sys.argv[1]).exist_many("", ["k"])
             print("child: read the store")
         except Exception as e:
-            print("child:", e)
+            print("child:", type(e).__name__, e)
         sys.stdout.flush()
         os._exit(0)
     os.waitpid(pid, 0)
@@ -58,7 +58,7 @@ FORK_AFTER_OPEN = """
 def test_a_child_forked_after_the_store_opened_is_told_why_it_cannot_use_it(shared_dir):
     forking = child(FORK_AFTER_OPEN, f"fork?dir={shared_dir}")
     out, _ = forking.communicate(timeout=60)
-    assert "this process was forked from one that had opened it" in out, out
+    assert "child: StoreUnavailable" in out and "this process was forked from one that had opened it" in out, out
 
 
 def test_the_store_outlives_every_handle_on_it(shared_dir):
