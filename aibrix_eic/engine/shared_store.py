@@ -46,6 +46,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -101,7 +102,10 @@ _MAP_SLACK = 64 << 20
 _MIN_MAP = 64 << 30
 DEFAULT_CAPACITY = 4 * 1024**3
 _FULL = (errno.ENOSPC, errno.EDQUOT)
-_SHORT_WRITE_MARGIN = 16 << 20  # pages LMDB writes besides the values (tree, free list)
+_SHORT_WRITE_MARGIN = 16 << 20
+# The most one put transaction commits: a reader waits for at most one
+# commit (shared_lock.py), which writes this much (bench_shared_store.py).
+COMMIT_BYTES = 16 << 20  # pages LMDB writes besides the values (tree, free list)
 _DBS = ("values", "meta", "order", "expiry", "info")
 
 
@@ -455,36 +459,59 @@ class SharedStore:
         on_device: Sequence[bool] | None = None,
     ) -> list[StatusCode]:
         """Store each (addr, nbytes) source under its key; one code per key
-        (`on_device[i]`: source i is device memory). All of the call's
-        values are published together, or none are."""
+        (`on_device[i]`: source i is device memory).
+
+        Values are committed in key order, in transactions of at most
+        COMMIT_BYTES (or one value), so a reader never waits for more than
+        one such commit; each value is published whole or not at all.
+        """
         codes = [StatusCode.SUCCESS] * len(keys)
-
-        def store(writer: Writer) -> None:
-            values = self._dbs["values"]
-            for i, key in enumerate(keys):
-                addr, nbytes = sources[i]
-                if nbytes > writer.capacity:
-                    codes[i] = StatusCode.OUT_OF_CAPACITY
-                    continue
-                raw = raw_key(ns, key)
-                db_key = db_key_of(raw)
-                writer.remove(db_key)  # an overwrite frees the old value first
-                writer.make_room(nbytes)
-                value = source_bytes(addr, nbytes, bool(on_device and on_device[i]))
-                writer.txn.put(db_key, value, db=values)
-                expires_at = self.clock() + ttl_second if ttl_second > 0 else math.inf
-                names = b"" if db_key is raw else raw  # keys() reads digest keys' names here
-                writer.publish(db_key, nbytes, expires_at, sampled_checksum(value), names)
-                self.stats.bytes_in += nbytes
-
-        try:
-            self._write(store, sum(nbytes for _, nbytes in sources))
-        except StoreFull:
-            # Nothing of this call was committed, and the store serves on
-            # (reads, and puts once space frees).
-            codes = [StatusCode.OUT_OF_CAPACITY] * len(keys)
+        start = 0
+        while start < len(keys):
+            end, batch = start + 1, sources[start][1]
+            while end < len(keys) and batch + sources[end][1] <= COMMIT_BYTES:
+                batch += sources[end][1]
+                end += 1
+            try:
+                stored = partial(self._store, ns=ns, keys=keys, sources=sources, ttl_second=ttl_second)
+                self._write(partial(stored, on_device=on_device, codes=codes, start=start, end=end), batch)
+            except StoreFull:
+                # Nothing of this transaction was committed, and the store
+                # serves on (reads, and puts once space frees).
+                codes[start:] = [StatusCode.OUT_OF_CAPACITY] * (len(keys) - start)
+                break
+            start = end
         self.stats.puts += len(keys)
         return codes
+
+    def _store(
+        self,
+        writer: Writer,
+        ns: str,
+        keys: Sequence[str],
+        sources: Sequence[tuple[int, int]],
+        ttl_second: int,
+        on_device: Sequence[bool] | None,
+        codes: list[StatusCode],
+        start: int,
+        end: int,
+    ) -> None:
+        values = self._dbs["values"]
+        for i in range(start, end):
+            addr, nbytes = sources[i]
+            if nbytes > writer.capacity:
+                codes[i] = StatusCode.OUT_OF_CAPACITY
+                continue
+            raw = raw_key(ns, keys[i])
+            db_key = db_key_of(raw)
+            writer.remove(db_key)  # an overwrite frees the old value first
+            writer.make_room(nbytes)
+            value = source_bytes(addr, nbytes, bool(on_device and on_device[i]))
+            writer.txn.put(db_key, value, db=values)
+            expires_at = self.clock() + ttl_second if ttl_second > 0 else math.inf
+            names = b"" if db_key is raw else raw  # keys() reads digest keys' names here
+            writer.publish(db_key, nbytes, expires_at, sampled_checksum(value), names)
+            self.stats.bytes_in += nbytes
 
     def delete_many(self, ns: str, keys: Sequence[str]) -> list[bool]:
         """Remove each key; True where an unexpired value was there to remove."""
