@@ -4,9 +4,10 @@ a baseline timed in the same run:
 1. checksums against the copy a get makes: a full CRC-32 (zlib), Adler-32,
    and the sampled CRC-32 the store verifies on every read;
 2. how long a reader waits for a writer in another process: gets of
-   1 x 64 KiB and 64 x 64 KiB timed with the store idle and while another
-   process commits puts of 16 or 64 x 2 MiB back to back (the reader waits
-   only while a commit writes its pages).
+   1 x 64 KiB and 64 x 64 KiB timed while another process commits puts of
+   16 or 64 x 2 MiB back to back, to this store and, as the baseline with
+   the same load on the CPUs and the filesystem, to another store (the
+   reader waits only while a commit writes its pages).
 
     python benchmarks/bench_shared_store.py [--dir /dev/shm] [--samples 300]
 """
@@ -22,6 +23,8 @@ import tempfile
 import textwrap
 import time
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -81,6 +84,25 @@ def _percentiles(times: list[float]) -> tuple[float, float, float]:
     )
 
 
+@contextmanager
+def writing(endpoint: str, nkeys: int) -> Iterator[None]:
+    """Another process putting nkeys x 2 MiB to `endpoint`, back to back."""
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+    writer = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(WRITER), endpoint, str(nkeys)],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "writing"
+        time.sleep(0.5)  # into its first commits (a benchmark: no synchronisation is needed)
+        yield
+    finally:
+        writer.kill()
+        writer.wait()
+
+
 def reader_latency(directory: str, samples: int) -> list[str]:
     endpoint = f"contention?dir={directory}&capacity=1GiB"
     c = eic.Client()
@@ -108,31 +130,21 @@ def reader_latency(directory: str, samples: int) -> list[str]:
             times.append(time.perf_counter() - start)
         return times
 
-    lines = ["get        writer            p50 ms  p99 ms  max ms   p50 x idle  p99 x idle"]
-    idle = {n: _percentiles(timed(k, d)) for n, k, d in ((1, one_key, one_dest), (64, keys, dests))}
-    for n in idle:
-        p50, p99, worst = idle[n]
-        lines.append(f"{n:>2} x 64 KiB  none            {p50:>7.2f} {p99:>7.2f} {worst:>7.2f}")
+    lines = ["get          writer puts     store    p50 ms  p99 ms  max ms   p50 x other  p99 x other"]
     for writer_keys in (16, 64):
-        env = {**os.environ, "PYTHONPATH": REPO_ROOT}
-        writer = subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(WRITER), endpoint, str(writer_keys)],
-            stdout=subprocess.PIPE,
-            env=env,
-            text=True,
-        )
-        try:
-            assert writer.stdout is not None and writer.stdout.readline().strip() == "writing"
-            time.sleep(0.5)  # the writer's first commits (a benchmark, not a test: no sync is needed)
-            for n, k, d in ((1, one_key, one_dest), (64, keys, dests)):
-                p50, p99, worst = _percentiles(timed(k, d))
-                lines.append(
-                    f"{n:>2} x 64 KiB  {writer_keys:>2} x 2 MiB puts  {p50:>7.2f} {p99:>7.2f} {worst:>7.2f}"
-                    f"   {p50 / idle[n][0]:>10.2f} {p99 / idle[n][1]:>10.2f}"
-                )
-        finally:
-            writer.kill()
-            writer.wait()
+        baseline: dict[int, tuple[float, float, float]] = {}
+        for target in ("other", "same"):
+            with writing(endpoint if target == "same" else endpoint.replace("contention", "elsewhere"), writer_keys):
+                for n, k, d in ((1, one_key, one_dest), (64, keys, dests)):
+                    p50, p99, worst = _percentiles(timed(k, d))
+                    row = (
+                        f"{n:>2} x 64 KiB  {writer_keys:>2} x 2 MiB  {target:>6}  {p50:>7.2f} {p99:>7.2f} {worst:>7.2f}"
+                    )
+                    if target == "other":
+                        baseline[n] = (p50, p99, worst)
+                    else:
+                        row += f"   {p50 / baseline[n][0]:>11.2f} {p99 / baseline[n][1]:>11.2f}"
+                    lines.append(row)
     if not (out == value).all():
         raise AssertionError("a get under a concurrent writer returned other bytes")
     return lines

@@ -196,6 +196,37 @@ def damaged(path: str, cause: str) -> StoreUnavailable:
     )
 
 
+# LMDB's two meta pages (lmdb.h / mdb.c, 64-bit): a 16-byte page header,
+# then magic, version, address, map size, the free and main DB records (48
+# bytes each, the free DB's first field holding the page size), the last
+# page number and the transaction id.
+_META = struct.Struct("<IIQQI44x48xQQ")
+_META_AT = 16
+_LMDB_MAGIC = 0xBEEFC0DE
+
+
+def committed_length(path: str) -> int:
+    """The bytes data.mdb must hold for its newest commit (0 for a new,
+    empty file), read from its meta pages before LMDB opens it: LMDB would
+    extend a truncated file with zeros and serve them."""
+    with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW)) as f:
+        first = f.read(_META_AT + _META.size)
+        if not first:
+            return 0
+        if len(first) < _META_AT + _META.size:
+            raise damaged(path, f"it is {os.fstat(f.fileno()).st_size} bytes, shorter than LMDB's header")
+        magic, _, _, _, page_size, _, _ = _META.unpack_from(first, _META_AT)
+        if magic != _LMDB_MAGIC or page_size < 512 or page_size & (page_size - 1):
+            raise damaged(path, "it is not an LMDB file")
+        f.seek(page_size + _META_AT)
+        second = f.read(_META.size)
+    metas = [_META.unpack_from(first, _META_AT)]
+    if len(second) == _META.size and _META.unpack(second)[0] == _LMDB_MAGIC:
+        metas.append(_META.unpack(second))
+    newest = max(metas, key=lambda meta: meta[6])
+    return (newest[5] + 1) * page_size
+
+
 def read_or_create_header(path: str, map_size: int, mode: int) -> int:
     """The store's map size: the recorded one, or `map_size`, recorded now
     (written whole under a temporary name and linked into place, so a crash

@@ -12,11 +12,13 @@ How it is opened (docs/engine.md, "Shared mode", says why):
 - with one map size for every process, fixed when the store is created and
   recorded in its `format` header (shared_files.py): no opener resizes the
   file under another's mapping;
-- without a writable map: pages reach the file by pwrite, so a full
-  filesystem fails a commit (OUT_OF_CAPACITY) instead of raising SIGBUS;
-- after checking that the file holds every page its last commit names; and
-  each value carries a sampled checksum, so a truncated or torn store is
-  refused, and a damaged value is a miss, never served.
+- with a writable map (one copy per value), and before each write the file
+  space it may write is reserved (fallocate), so a full filesystem fails
+  the write (OUT_OF_CAPACITY) instead of raising SIGBUS on a hole;
+- after checking, before LMDB opens it, that the file holds every page its
+  last commit names; and each value carries a sampled checksum, so a
+  truncated or torn store is refused, and a damaged value is a miss, never
+  served.
 
 What LMDB lacks is added here, inside the same write transactions, so it is
 as atomic as the data: a byte budget with least-recently-used eviction, TTL,
@@ -46,7 +48,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -61,6 +62,7 @@ from .shared_files import (
     HEADER_FILE,
     LOCK_FILE,
     check_parent,
+    committed_length,
     damaged,
     existing_file,
     file_mode,
@@ -102,10 +104,9 @@ _MAP_SLACK = 64 << 20
 _MIN_MAP = 64 << 30
 DEFAULT_CAPACITY = 4 * 1024**3
 _FULL = (errno.ENOSPC, errno.EDQUOT)
-_SHORT_WRITE_MARGIN = 16 << 20
-# The most one put transaction commits: a reader waits for at most one
-# commit (shared_lock.py), which writes this much (bench_shared_store.py).
-COMMIT_BYTES = 16 << 20  # pages LMDB writes besides the values (tree, free list)
+# Reserved beyond what a write's values and the trees' pages need: LMDB's
+# free list and the new pages of a deeper tree.
+_RESERVE_SLACK = 4 << 20
 _DBS = ("values", "meta", "order", "expiry", "info")
 
 
@@ -116,22 +117,6 @@ def map_size_for(capacity: int) -> int:
 
 def usable_capacity(map_size: int) -> int:
     return (map_size - _MAP_SLACK) // 2
-
-
-def _out_of_space(e: Exception, path: str, nbytes: int) -> bool:
-    """An LMDB error caused by a full filesystem: ENOSPC or EDQUOT, or the
-    EIO LMDB reports for a short write, when the filesystem has no room
-    left for what was written."""
-    text = str(e)
-    if any(os.strerror(code) in text for code in _FULL):
-        return True
-    if os.strerror(errno.EIO) not in text:
-        return False
-    try:
-        fs = os.statvfs(path)
-    except OSError:
-        return False
-    return fs.f_bavail * fs.f_frsize < nbytes + _SHORT_WRITE_MARGIN
 
 
 class StoreFull(StoreUnavailable):
@@ -193,7 +178,8 @@ class SharedStore:
                 if existing_file(data, mode) and not existing_file(header, mode):
                     raise damaged(data, f"it has no {HEADER_FILE} header (made by an older aibrix-eic?)")
                 self.map_size = read_or_create_header(header, map_size_for(self._initial_capacity), mode)
-                os.close(open_file(data, mode))  # created here: never through a symlink, never 0644
+                self._data_fd = open_file(data, mode)  # created here: never through a symlink, never 0644
+                self._check_length(data)
                 self._env = self._open_env(data, mode)
         except OSError as e:
             raise from_os_error(self.path, e) from e
@@ -205,7 +191,7 @@ class SharedStore:
                 self.path,
                 map_size=self.map_size,
                 lock=False,  # shared_lock.StoreLock excludes, across PID namespaces
-                writemap=False,  # pwrite: a full filesystem is an error, not SIGBUS
+                writemap=True,  # one copy per value; _reserve keeps a full filesystem from SIGBUS
                 sync=False,  # the data lives as long as DIR does; no fsync on tmpfs
                 metasync=False,
                 max_dbs=len(_DBS),
@@ -214,8 +200,10 @@ class SharedStore:
             )
         except lmdb.Error as e:
             raise damaged(data, f"LMDB cannot open it ({e})") from e
+        self._page_size = env.stat()["psize"]
+        self._reserved = 0  # data.mdb is allocated up to here (it never shrinks)
+        self._can_reserve = True
         try:
-            self._check_length(env, data)
             with self._lock.write(lambda: env.info()["last_txnid"] + 1, mutex_held=True) as commit:
                 txn = env.begin(write=True)
                 try:
@@ -236,13 +224,51 @@ class SharedStore:
         return env
 
     @staticmethod
-    def _check_length(env: Any, data: str) -> None:
-        """The file holds every page its last commit names (a truncated file
-        would be read as zeros, or raise SIGBUS)."""
-        needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    def _check_length(data: str) -> None:
+        """The file holds every page its last commit names: LMDB would map a
+        truncated file's missing pages as zeros."""
+        needed = committed_length(data)
         length = os.stat(data).st_size
         if length < needed:
             raise damaged(data, f"it is {length} bytes but its last commit names pages up to byte {needed} (truncated)")
+
+    def _reserve(self, txn: Any, nbytes: int, nkeys: int) -> None:
+        """Allocate the file space this write transaction may write: every
+        page of the trees it may copy, its values and their new tree pages.
+        LMDB writes new pages only past the last committed one, through the
+        map, where a page the filesystem has no room for is a SIGBUS."""
+        if not self._can_reserve:
+            return
+        tree_pages = sum(stat["branch_pages"] + stat["leaf_pages"] for stat in self._tree_stats(txn))
+        page = self._page_size
+        start = (self._env.info()["last_pgno"] + 1) * page
+        end = min(start + nbytes + (tree_pages + 4 * nkeys) * page + _RESERVE_SLACK, self.map_size)
+        if end <= self._reserved:
+            return
+        begin = max(start, self._reserved)
+        try:
+            os.posix_fallocate(self._data_fd, begin, end - begin)
+        except OSError as e:
+            if e.errno in _FULL:
+                raise StoreFull(
+                    self.path,
+                    f"no space left on its filesystem for {end - begin} more bytes",
+                    "free space there, or set capacity= to what the filesystem holds (docs/operations.md)",
+                ) from e
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise from_os_error(self.path, e) from e
+            self._can_reserve = False
+            log.warning(
+                "shared store %s: its filesystem cannot reserve space (fallocate: %s); a full filesystem "
+                "there would stop the process with SIGBUS: put DIR on tmpfs or a local filesystem",
+                self.path,
+                e.strerror,
+            )
+            return
+        self._reserved = end
+
+    def _tree_stats(self, txn: Any) -> list[dict]:
+        return [txn.stat(db) for db in self._dbs.values()] + [self._env.stat()]
 
     def _capacity_within(self, capacity: int) -> int:
         usable = usable_capacity(self.map_size)
@@ -329,9 +355,10 @@ class SharedStore:
             release()
             self._leave()
 
-    def _write(self, work: Callable[[Writer], None], nbytes: int = 0) -> None:
+    def _write(self, work: Callable[[Writer], None], nbytes: int = 0, nkeys: int = 0) -> None:
         """Run `work` in one write transaction, after the hits remembered
-        since the last one and the due expiries (`nbytes`: what it writes).
+        since the last one and the due expiries (`nbytes`, `nkeys`: the
+        values it writes).
         Raises StoreFull when there is no room for it, StoreUnavailable for
         any other failure of LMDB."""
         with self._hits_lock:
@@ -341,7 +368,7 @@ class SharedStore:
             try:
                 self._enter()
                 try:
-                    self._write_once(env, hits, work)
+                    self._write_once(env, hits, work, nbytes, nkeys)
                 finally:
                     self._leave()
                 return
@@ -356,12 +383,6 @@ class SharedStore:
                     "lower capacity= (the map is twice the capacity at creation)",
                 ) from e
             except lmdb.Error as e:
-                if _out_of_space(e, self.path, nbytes):
-                    raise StoreFull(
-                        self.path,
-                        f"no space left on its filesystem ({e})",
-                        "free space there, or set capacity= to what the filesystem holds (docs/operations.md)",
-                    ) from e
                 raise self._failed(e) from e
 
     def _failed(self, e: Exception) -> StoreUnavailable:
@@ -371,10 +392,13 @@ class SharedStore:
             f"if it persists, remove {self.path} once no process uses it (it holds only cached KV)",
         )
 
-    def _write_once(self, env: Any, hits: dict[bytes, None], work: Callable[[Writer], None]) -> None:
+    def _write_once(
+        self, env: Any, hits: dict[bytes, None], work: Callable[[Writer], None], nbytes: int, nkeys: int
+    ) -> None:
         with self._lock.write(lambda: env.info()["last_txnid"] + 1) as commit:
             txn = env.begin(write=True)
             try:
+                self._reserve(txn, nbytes, nkeys + len(hits))
                 writer = Writer(txn, self)
                 for db_key in hits:
                     writer.touch(db_key)
@@ -459,59 +483,36 @@ class SharedStore:
         on_device: Sequence[bool] | None = None,
     ) -> list[StatusCode]:
         """Store each (addr, nbytes) source under its key; one code per key
-        (`on_device[i]`: source i is device memory).
-
-        Values are committed in key order, in transactions of at most
-        COMMIT_BYTES (or one value), so a reader never waits for more than
-        one such commit; each value is published whole or not at all.
-        """
+        (`on_device[i]`: source i is device memory). All of the call's
+        values are published together, or none are."""
         codes = [StatusCode.SUCCESS] * len(keys)
-        start = 0
-        while start < len(keys):
-            end, batch = start + 1, sources[start][1]
-            while end < len(keys) and batch + sources[end][1] <= COMMIT_BYTES:
-                batch += sources[end][1]
-                end += 1
-            try:
-                stored = partial(self._store, ns=ns, keys=keys, sources=sources, ttl_second=ttl_second)
-                self._write(partial(stored, on_device=on_device, codes=codes, start=start, end=end), batch)
-            except StoreFull:
-                # Nothing of this transaction was committed, and the store
-                # serves on (reads, and puts once space frees).
-                codes[start:] = [StatusCode.OUT_OF_CAPACITY] * (len(keys) - start)
-                break
-            start = end
+
+        def store(writer: Writer) -> None:
+            values = self._dbs["values"]
+            for i, key in enumerate(keys):
+                addr, nbytes = sources[i]
+                if nbytes > writer.capacity:
+                    codes[i] = StatusCode.OUT_OF_CAPACITY
+                    continue
+                raw = raw_key(ns, key)
+                db_key = db_key_of(raw)
+                writer.remove(db_key)  # an overwrite frees the old value first
+                writer.make_room(nbytes)
+                value = source_bytes(addr, nbytes, bool(on_device and on_device[i]))
+                writer.txn.put(db_key, value, db=values)
+                expires_at = self.clock() + ttl_second if ttl_second > 0 else math.inf
+                names = b"" if db_key is raw else raw  # keys() reads digest keys' names here
+                writer.publish(db_key, nbytes, expires_at, sampled_checksum(value), names)
+                self.stats.bytes_in += nbytes
+
+        try:
+            self._write(store, sum(nbytes for _, nbytes in sources), len(keys))
+        except StoreFull:
+            # Nothing of this call was committed, and the store serves on
+            # (reads, and puts once space frees).
+            codes = [StatusCode.OUT_OF_CAPACITY] * len(keys)
         self.stats.puts += len(keys)
         return codes
-
-    def _store(
-        self,
-        writer: Writer,
-        ns: str,
-        keys: Sequence[str],
-        sources: Sequence[tuple[int, int]],
-        ttl_second: int,
-        on_device: Sequence[bool] | None,
-        codes: list[StatusCode],
-        start: int,
-        end: int,
-    ) -> None:
-        values = self._dbs["values"]
-        for i in range(start, end):
-            addr, nbytes = sources[i]
-            if nbytes > writer.capacity:
-                codes[i] = StatusCode.OUT_OF_CAPACITY
-                continue
-            raw = raw_key(ns, keys[i])
-            db_key = db_key_of(raw)
-            writer.remove(db_key)  # an overwrite frees the old value first
-            writer.make_room(nbytes)
-            value = source_bytes(addr, nbytes, bool(on_device and on_device[i]))
-            writer.txn.put(db_key, value, db=values)
-            expires_at = self.clock() + ttl_second if ttl_second > 0 else math.inf
-            names = b"" if db_key is raw else raw  # keys() reads digest keys' names here
-            writer.publish(db_key, nbytes, expires_at, sampled_checksum(value), names)
-            self.stats.bytes_in += nbytes
 
     def delete_many(self, ns: str, keys: Sequence[str]) -> list[bool]:
         """Remove each key; True where an unexpired value was there to remove."""
