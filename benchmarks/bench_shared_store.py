@@ -134,7 +134,9 @@ def reader_latency(directory: str, samples: int) -> list[str]:
     for writer_keys in (16, 64):
         baseline: dict[int, tuple[float, float, float]] = {}
         for target in ("other", "same"):
-            with writing(endpoint if target == "same" else endpoint.replace("contention", "elsewhere"), writer_keys):
+            with writing(
+                f"{'contention' if target == 'same' else 'elsewhere'}?dir={directory}&capacity=1GiB", writer_keys
+            ):
                 for n, k, d in ((1, one_key, one_dest), (64, keys, dests)):
                     p50, p99, worst = _percentiles(timed(k, d))
                     row = (

@@ -10,9 +10,9 @@ matter, and the kernel drops them when their holder dies (a SIGKILLed reader
 or writer never wedges anyone). Each thread has its own descriptor, so the
 threads of one process exclude each other as processes do.
 
-Without a reader table LMDB lets the writer of txn N+1 reuse every page
-freed up to txn N, so a reader must not still hold a snapshot older than N.
-Byte offsets in the lock file:
+Without a reader table LMDB lets the writer of txn N+1 reuse the pages
+freed by txns up to N-1 (live only in snapshots up to N-2), so no reader may
+still hold such a snapshot. Byte offsets in the lock file:
 
     0     the writer mutex: one writer at a time, in any process.
     1     the commit gate: a writer holds it exclusively while it commits
@@ -20,8 +20,9 @@ Byte offsets in the lock file:
           while it picks its snapshot, so it never reads a half-written meta.
     2, 3  snapshot parity: a reader of snapshot t holds byte 2 + t % 2 shared
           for its whole read. The writer of txn N+1 first takes byte
-          2 + (N+1) % 2 exclusively, which waits only for readers of N-1 (and
-          older, already gone by the same rule): new readers get snapshot N,
+          2 + (N+1) % 2 exclusively, which waits for readers of N-1 (one
+          generation more than needed; N-2 and older are already gone, as
+          the writer of N waited for them): new readers get snapshot N,
           the other byte, so a writer is never starved by a stream of readers
           and readers wait only for a commit, never for a whole write.
 """
