@@ -446,6 +446,30 @@ def test_a_planted_symlink_is_never_followed(shared_dir, tmp_path, planted):
     assert victim.read_bytes() == b"root-only secret"
 
 
+OPEN_AS_NOBODY = """
+    import os, sys
+    import aibrix_eic.engine as eic
+    import aibrix_eic.engine.shared_store  # imported while root: the interpreter may live in /root
+    from aibrix_eic.engine.errors import StoreUnavailable
+    os.setgid(65534)
+    os.setuid(65534)
+    try:
+        eic.get_store(sys.argv[1])
+    except StoreUnavailable as e:
+        print(e.path, "|", e.cause, "|", e.fix)
+"""
+
+
+def test_a_dir_this_user_cannot_write_is_refused_naming_it(shared_dir):
+    root_only()
+    os.chmod(shared_dir, 0o755)  # root's, readable by all, writable by root only
+    opener = child(OPEN_AS_NOBODY, f"kv?dir={shared_dir}")
+    out, _ = opener.communicate(timeout=60)
+    assert opener.returncode == 0, out
+    path, cause, fix = out.strip().split(" | ")
+    assert path == os.path.join(shared_dir, "kv") and "permission denied" in cause and "dir=" in fix
+
+
 MISSING_LMDB = """
     import sys
     sys.modules["lmdb"] = None  # as if it were not installed
