@@ -205,14 +205,15 @@ _META_AT = 16
 _LMDB_MAGIC = 0xBEEFC0DE
 
 
-def committed_length(path: str) -> int:
-    """The bytes data.mdb must hold for its newest commit (0 for a new,
-    empty file), read from its meta pages before LMDB opens it: LMDB would
-    extend a truncated file with zeros and serve them."""
+def committed_length(path: str) -> tuple[int, int]:
+    """The bytes data.mdb must hold for its newest commit and the map size
+    that commit recorded ((0, 0) for a new, empty file), read from its meta
+    pages before LMDB opens it: LMDB would extend a truncated file with
+    zeros and serve them."""
     with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW)) as f:
         first = f.read(_META_AT + _META.size)
         if not first:
-            return 0
+            return 0, 0
         if len(first) < _META_AT + _META.size:
             raise damaged(path, f"it is {os.fstat(f.fileno()).st_size} bytes, shorter than LMDB's header")
         magic, _, _, _, page_size, _, _ = _META.unpack_from(first, _META_AT)
@@ -224,7 +225,7 @@ def committed_length(path: str) -> int:
     if len(second) == _META.size and _META.unpack(second)[0] == _LMDB_MAGIC:
         metas.append(_META.unpack(second))
     newest = max(metas, key=lambda meta: meta[6])
-    return (newest[5] + 1) * page_size
+    return (newest[5] + 1) * page_size, newest[3]
 
 
 def read_or_create_header(path: str, map_size: int, mode: int) -> int:

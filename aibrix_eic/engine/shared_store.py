@@ -179,7 +179,9 @@ class SharedStore:
                     raise damaged(data, f"it has no {HEADER_FILE} header (made by an older aibrix-eic?)")
                 self.map_size = read_or_create_header(header, map_size_for(self._initial_capacity), mode)
                 self._data_fd = open_file(data, mode)  # created here: never through a symlink, never 0644
-                self._check_length(data)
+                # A map another tool grew is kept: opening with less would
+                # shrink the file under the processes that use it.
+                self.map_size = max(self.map_size, self._check_length(data))
                 self._env = self._open_env(data, mode)
         except OSError as e:
             raise from_os_error(self.path, e) from e
@@ -224,13 +226,15 @@ class SharedStore:
         return env
 
     @staticmethod
-    def _check_length(data: str) -> None:
-        """The file holds every page its last commit names: LMDB would map a
-        truncated file's missing pages as zeros."""
-        needed = committed_length(data)
+    def _check_length(data: str) -> int:
+        """Check that the file holds every page its last commit names (LMDB
+        would map a truncated file's missing pages as zeros); the map size
+        that commit recorded."""
+        needed, map_size = committed_length(data)
         length = os.stat(data).st_size
         if length < needed:
             raise damaged(data, f"it is {length} bytes but its last commit names pages up to byte {needed} (truncated)")
+        return int(map_size)
 
     def _reserve(self, txn: Any, nbytes: int, nkeys: int) -> None:
         """Allocate the file space this write transaction may write: every

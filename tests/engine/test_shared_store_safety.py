@@ -138,6 +138,10 @@ def test_a_map_another_process_grew_is_adopted(shared_dir, monkeypatch):
     assert store.map_size == 512 * MiB
     assert mset(c, {"after": np.full(8192, 4, np.uint8)})[0] == SUCCESS
     assert mget(c, {"after": 8192})[0] == [SUCCESS]
+    # A later opener keeps the grown map: a smaller one would shrink the
+    # file under this process's mapping.
+    assert child(OPEN_AND_EXIT, endpoint).wait(timeout=120) == 0
+    assert os.path.getsize(os.path.join(store.path, "data.mdb")) >= 512 * MiB
 
 
 @pytest.fixture
