@@ -137,6 +137,12 @@ def check_parent(directory: str, create: bool, mode: int) -> str:
             "writable by every user without the sticky bit, so anyone could replace the store in it",
             f"chmod o-w (or +t) {path}, or use a private dir= under it",
         )
+    if st.st_mode & stat.S_IWGRP and not sticky and not mode & 0o020:
+        raise _refuse(
+            path,
+            "writable by its group without the sticky bit, so the group could replace the store in it",
+            f"chmod g-w (or +t) {path}, add mode=0770 to share the store with that group, or use a private dir=",
+        )
     return path
 
 

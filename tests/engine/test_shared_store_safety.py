@@ -427,8 +427,9 @@ def test_a_dir_that_is_a_file_is_refused(shared_dir):
         open_store(f"kv?dir={path}")
 
 
-def test_a_world_writable_dir_needs_the_sticky_bit(shared_dir):
-    os.chmod(shared_dir, 0o777)
+@pytest.mark.parametrize("writable", [0o777, 0o770])
+def test_a_dir_others_can_write_needs_the_sticky_bit(shared_dir, writable):
+    os.chmod(shared_dir, writable)
     with pytest.raises(StoreUnavailable, match="sticky"):
         open_store(f"kv?dir={shared_dir}")
     os.chmod(shared_dir, 0o1777)  # as /dev/shm and /tmp are
