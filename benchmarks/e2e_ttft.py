@@ -165,7 +165,7 @@ def main() -> int:
     config = workdir / "eic.yaml"
     workdir.mkdir(parents=True, exist_ok=True)
     # the shared mode: the cross server reads what the eic server stored
-    config.write_text(f"remote_url: local://bench?capacity=8GiB&dir={workdir / 'store'}\n")
+    config.write_text(f"remote_url: local://bench?capacity=8GiB&dir={workdir / 'store'}&create=1\n")
 
     results = {}
     servers = {

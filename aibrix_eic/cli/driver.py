@@ -108,7 +108,7 @@ def embedded_engine_config(directory: str, capacity_nbytes: int, shared_dir: str
     capacity_mib = -(-capacity_nbytes // 1024**2)
     url = f"local://{EMBEDDED_STORE}?capacity={capacity_mib}MiB"
     if shared_dir:
-        url += f"&dir={os.path.abspath(shared_dir)}"
+        url += f"&dir={os.path.abspath(shared_dir)}&create=1"  # --shared-dir is made if missing
     with open(path, "w", encoding="utf-8") as fout:
         yaml.safe_dump({"remote_url": url}, fout)
     return path

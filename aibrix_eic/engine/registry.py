@@ -10,7 +10,9 @@ cluster share its data. An endpoint is `[name][?param=value&...]`:
     "10.0.0.1:12500"                 a store named after an eic:// address,
                                      for callers that use the engine as `eic`
     "kv?dir=/dev/shm/aibrix-eic"     "kv" kept in that directory, shared by
-                                     every process that names it (shared_store.py)
+                                     every process that names it (shared_store.py);
+                                     DIR must exist unless `create=1` is given, and
+                                     `mode=0770` shares the store with a group
 
 Parameters given on a later init re-apply to the existing store; parameters
 left out keep their current value. docs/engine.md lists them.
@@ -25,6 +27,7 @@ from urllib.parse import parse_qsl
 
 from ..util.flags import parse_flag
 from ..util.units import exact_size_text, parse_duration, parse_size
+from .shared_files import parse_mode
 from .store import MEXIST_MISS_READINGS, Store
 from .store_api import StoreApi
 
@@ -97,7 +100,10 @@ ENDPOINT_PARAMS: dict[str, Callable[[str], Any]] = {
     "default_codes_fail_rate": _parse_rate,
     "seed": _parse_seed,
     "dir": _parse_dir,
+    "create": parse_flag,
+    "mode": parse_mode,
 }
+_SHARED_ONLY = ("create", "mode")  # how a shared store is opened; nothing to apply later
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, dict[str, Any]]:
@@ -154,13 +160,19 @@ def apply_params(store: StoreApi, params: dict[str, Any]) -> None:
 
 
 def open_store(endpoint: str) -> StoreApi:
-    """The store an endpoint names, created on first use, params applied."""
+    """The store an endpoint names, created on first use, params applied.
+
+    Raises ValueError for an endpoint it cannot parse and
+    errors.StoreUnavailable for a shared store it cannot open."""
     name, params = parse_endpoint(endpoint)
     store: StoreApi
     if "dir" in params:
         from .shared_store import open_shared_store  # imports lmdb only when used
 
-        store = open_shared_store(name, params["dir"], params.get("capacity"))
+        opening = {key: params[key] for key in _SHARED_ONLY if key in params}
+        store = open_shared_store(name, params["dir"], params.get("capacity"), **opening)
+    elif any(key in params for key in _SHARED_ONLY):
+        raise ValueError(f"engine parameters {' and '.join(_SHARED_ONLY)} apply only to a shared store (dir=DIR)")
     else:
         with _stores_lock:
             if name not in _stores:

@@ -4,41 +4,74 @@ kept in an LMDB environment under a directory (`local://NAME?dir=DIR`).
 Why LMDB (docs/engine.md has the measured comparison): a write is one
 transaction, so a reader sees a whole value or a miss, and a writer killed
 mid-transaction leaves nothing that is ever read (its pages were never
-committed; LMDB's robust writer mutex lets the next writer go on). Readers
-never wait for writers, and a read copies straight out of the shared mapping.
+committed). A read copies straight out of the shared mapping.
+
+How it is opened (docs/engine.md, "Shared mode", says why):
+- without LMDB's lock file, whose reader slots are keyed by pid and collide
+  across PID namespaces; shared_lock.StoreLock excludes instead;
+- with one map size for every process, fixed when the store is created and
+  recorded in its `format` header (shared_files.py): no opener resizes the
+  file under another's mapping;
+- with a writable map (one copy per value), and before each write the file
+  space it may write is reserved (fallocate), so a full filesystem fails
+  the write (OUT_OF_CAPACITY) instead of raising SIGBUS on a hole;
+- after checking, before LMDB opens it, that the file holds every page its
+  last commit names; and each value carries a sampled checksum, so a
+  truncated or torn store is refused, and a damaged value is a miss, never
+  served.
 
 What LMDB lacks is added here, inside the same write transactions, so it is
 as atomic as the data: a byte budget with least-recently-used eviction, TTL,
 and namespaces. Five named databases hold it:
 
     values  db key -> value bytes
-    meta    db key -> (seq, expires_at, nbytes) [+ ns/key text for digest keys]
+    meta    db key -> (seq, expires_at, nbytes, checksum) [+ ns/key text for digest keys]
     order   seq -> db key, oldest first: the eviction order
     expiry  (expires_at, seq) -> db key, soonest first
     info    capacity, live bytes, the last seq
 
-Recency: a write takes the next seq. A read cannot write (readers hold no
-lock), so a hit is remembered in this process and applied by its next write
-transaction (mset, mdel, set_capacity): a process that only reads does not
-refresh what it reads.
+Recency: a write takes the next seq. A read cannot write, so a hit is
+remembered in this process and applied by its next write transaction
+(mset, mdel, set_capacity): a process that only reads does not refresh what
+it reads.
 
 Per process, as with the in-process store: `faults`, `stats`,
 `max_value_bytes`, `namespaces` and `clock`. Shared: the data and `capacity`.
 """
 
 import ctypes
+import errno
+import logging
 import math
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
-import lmdb
 import numpy as np
 
 from . import device
 from .enums import StatusCode
+from .errors import StoreUnavailable
 from .faults import Faults
+from .shared_files import (
+    DATA_FILE,
+    DEFAULT_MODE,
+    HEADER_FILE,
+    LOCK_FILE,
+    check_parent,
+    committed_length,
+    damaged,
+    existing_file,
+    file_mode,
+    from_os_error,
+    open_file,
+    read_or_create_header,
+    store_entry,
+)
+from .shared_lock import StoreLock
 from .shared_records import (
     COUNT,
     DIGEST_MARK,
@@ -48,16 +81,48 @@ from .shared_records import (
     db_key_of,
     names_of,
     raw_key,
+    sampled_checksum,
     source_bytes,
-    store_dir,
+    store_entry_name,
 )
 from .store import StoreStats
+
+try:
+    import lmdb
+except ImportError:  # reported when a shared store is opened, naming the fix
+    lmdb = None  # type: ignore[assignment]
+
+log = logging.getLogger(__name__)
 
 _memmove = ctypes.memmove  # a module global so tests can slow a copy down
 
 _MAX_REMEMBERED_HITS = 65536
 _MAP_SLACK = 64 << 20
+# The map is address space, not memory or disk (pages reach the file by
+# pwrite): a generous floor lets a later, larger capacity= be adopted
+# without ever resizing the map.
+_MIN_MAP = 64 << 30
 DEFAULT_CAPACITY = 4 * 1024**3
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+# Reserved beyond what a write's values and the trees' pages need: LMDB's
+# free list and the new pages of a deeper tree.
+_RESERVE_SLACK = 4 << 20
+_DBS = ("values", "meta", "order", "expiry", "info")
+
+
+def map_size_for(capacity: int) -> int:
+    """Twice the capacity (room for pages older snapshots still hold)."""
+    return max(2 * capacity + _MAP_SLACK, _MIN_MAP)
+
+
+def usable_capacity(map_size: int) -> int:
+    return (map_size - _MAP_SLACK) // 2
+
+
+class StoreFull(StoreUnavailable):
+    """A write the store has no room for: its filesystem is full, or its map
+    is full of pages older snapshots still hold. put_many turns it into
+    OUT_OF_CAPACITY; the store serves on."""
 
 
 class SharedStore:
@@ -70,9 +135,11 @@ class SharedStore:
         capacity: int = DEFAULT_CAPACITY,
         max_value_bytes: int = 4 * 1024**2,
         clock: Callable[[], float] = time.time,
+        create: bool = False,
+        mode: int = DEFAULT_MODE,
     ) -> None:
         self.name = name
-        self.path = store_dir(directory, name)
+        self.path = os.path.join(os.path.abspath(directory), store_entry_name(name))
         self.max_value_bytes = max_value_bytes
         self.namespaces: frozenset[str] | None = None
         # Wall-clock seconds: expiry times are compared across processes.
@@ -80,56 +147,278 @@ class SharedStore:
         self.faults = Faults()
         self.mexist_miss = "success"  # like the fault knobs, this process's reading only
         self.stats = StoreStats()
+        self.damaged_values = 0  # values whose checksum failed, read as misses
         self._initial_capacity = capacity
         self._hits: dict[bytes, None] = {}
         self._hits_lock = threading.Lock()
-        self._abandoned: list[lmdb.Environment] = []
-        self._open()
+        # This process's open transactions, counted so that a map another
+        # process grew is adopted (set_mapsize) while none is open.
+        self._active = 0
+        self._remapping = False
+        self._active_changed = threading.Condition()
+        self._open(directory, create, mode)
 
-    def _open(self) -> None:
-        os.makedirs(self.path, exist_ok=True)
-        # The map bounds the file: twice the capacity leaves room for pages
-        # that older read snapshots still hold. A store that exists keeps
-        # the map size it was created with (LMDB takes the larger one).
-        self._env = lmdb.open(
-            self.path,
-            map_size=2 * self._initial_capacity + _MAP_SLACK,
-            writemap=True,
-            sync=False,  # the data lives as long as DIR does; no fsync on tmpfs
-            metasync=False,
-            max_dbs=5,
-            max_readers=1024,
-            meminit=False,
-        )
+    # ------------------------------------------------------------- opening
+    def _open(self, directory: str, create: bool, mode: int) -> None:
+        if lmdb is None:
+            raise StoreUnavailable(
+                self.path,
+                "the Python module lmdb is not installed (the shared mode needs it)",
+                "pip install 'lmdb>=1.4' in this environment, or drop dir= for an in-process store",
+            )
+        check_parent(directory, create, mode)
+        store_entry(self.path, mode)
+        lock_path = os.path.join(self.path, LOCK_FILE)
+        os.close(open_file(lock_path, mode))
+        self._lock = StoreLock(lock_path)
+        data = os.path.join(self.path, DATA_FILE)
+        try:
+            with self._lock.writing():  # one opener at a time: creation is never raced
+                header = os.path.join(self.path, HEADER_FILE)
+                if existing_file(data, mode) and not existing_file(header, mode):
+                    raise damaged(data, f"it has no {HEADER_FILE} header (made by an older aibrix-eic?)")
+                self.map_size = read_or_create_header(header, map_size_for(self._initial_capacity), mode)
+                self._data_fd = open_file(data, mode)  # created here: never through a symlink, never 0644
+                # A map another tool grew is kept: opening with less would
+                # shrink the file under the processes that use it.
+                self.map_size = max(self.map_size, self._check_length(data))
+                self._env = self._open_env(data, mode)
+        except OSError as e:
+            raise from_os_error(self.path, e) from e
         self._pid = os.getpid()
-        self._env.reader_check()  # slots of readers that were killed
-        self._dbs = {db: self._env.open_db(db.encode()) for db in ("values", "meta", "order", "expiry", "info")}
-        with self._env.begin(write=True) as txn:
-            if txn.get(b"capacity", db=self._dbs["info"]) is None:
-                txn.put(b"capacity", COUNT.pack(self._initial_capacity), db=self._dbs["info"])
+
+    def _open_env(self, data: str, mode: int) -> Any:
+        try:
+            env = lmdb.open(
+                self.path,
+                map_size=self.map_size,
+                lock=False,  # shared_lock.StoreLock excludes, across PID namespaces
+                writemap=True,  # one copy per value; _reserve keeps a full filesystem from SIGBUS
+                sync=False,  # the data lives as long as DIR does; no fsync on tmpfs
+                metasync=False,
+                max_dbs=len(_DBS),
+                create=False,
+                mode=file_mode(mode),
+            )
+        except lmdb.Error as e:
+            raise damaged(data, f"LMDB cannot open it ({e})") from e
+        self._page_size = env.stat()["psize"]
+        self._reserved = 0  # data.mdb is allocated up to here (it never shrinks)
+        self._can_reserve = True
+        try:
+            with self._lock.write(lambda: env.info()["last_txnid"] + 1, mutex_held=True) as commit:
+                txn = env.begin(write=True)
+                try:
+                    self._dbs = {db: env.open_db(db.encode(), txn=txn) for db in _DBS}
+                    if txn.get(b"capacity", db=self._dbs["info"]) is None:
+                        capacity = self._capacity_within(self._initial_capacity)
+                        txn.put(b"capacity", COUNT.pack(capacity), db=self._dbs["info"])
+                except BaseException:
+                    txn.abort()
+                    raise
+                commit(txn.commit)
+        except lmdb.Error as e:
+            env.close()
+            raise damaged(data, f"LMDB cannot read it ({e})") from e
+        except BaseException:
+            env.close()
+            raise
+        return env
+
+    @staticmethod
+    def _check_length(data: str) -> int:
+        """Check that the file holds every page its last commit names (LMDB
+        would map a truncated file's missing pages as zeros); the map size
+        that commit recorded."""
+        needed, map_size = committed_length(data)
+        length = os.stat(data).st_size
+        if length < needed:
+            raise damaged(data, f"it is {length} bytes but its last commit names pages up to byte {needed} (truncated)")
+        return int(map_size)
+
+    def _reserve(self, txn: Any, nbytes: int, nkeys: int) -> None:
+        """Allocate the file space this write transaction may write: every
+        page of the trees it may copy, its values and their new tree pages.
+        LMDB writes new pages only past the last committed one, through the
+        map, where a page the filesystem has no room for is a SIGBUS."""
+        if not self._can_reserve:
+            return
+        tree_pages = sum(stat["branch_pages"] + stat["leaf_pages"] for stat in self._tree_stats(txn))
+        page = self._page_size
+        start = (self._env.info()["last_pgno"] + 1) * page
+        end = min(start + nbytes + (tree_pages + 4 * nkeys) * page + _RESERVE_SLACK, self.map_size)
+        if end <= self._reserved:
+            return
+        begin = max(start, self._reserved)
+        try:
+            os.posix_fallocate(self._data_fd, begin, end - begin)
+        except OSError as e:
+            if e.errno in _FULL:
+                raise StoreFull(
+                    self.path,
+                    f"no space left on its filesystem for {end - begin} more bytes",
+                    "free space there, or set capacity= to what the filesystem holds (docs/operations.md)",
+                ) from e
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise from_os_error(self.path, e) from e
+            self._can_reserve = False
+            log.warning(
+                "shared store %s: its filesystem cannot reserve space (fallocate: %s); a full filesystem "
+                "there would stop the process with SIGBUS: put DIR on tmpfs or a local filesystem",
+                self.path,
+                e.strerror,
+            )
+            return
+        self._reserved = end
+
+    def _tree_stats(self, txn: Any) -> list[dict]:
+        return [txn.stat(db) for db in self._dbs.values()] + [self._env.stat()]
+
+    def _capacity_within(self, capacity: int) -> int:
+        usable = usable_capacity(self.map_size)
+        if capacity > usable:
+            log.warning(
+                "shared store %s: capacity %d is more than its map (fixed at creation) allows; using %d "
+                "(recreate the store with the larger capacity= to use more)",
+                self.path,
+                capacity,
+                usable,
+            )
+        return min(capacity, usable)
 
     @property
-    def env(self) -> lmdb.Environment:
+    def env(self) -> Any:
         if os.getpid() != self._pid:
-            # A forked child must not use (or close) its parent's handle:
-            # closing it would drop the parent's reader slots. And py-lmdb
-            # refuses a second handle on the same files in one process.
-            self._abandoned.append(self._env)
-            try:
-                self._open()
-            except lmdb.Error as e:
-                raise lmdb.Error(
-                    f"shared store {self.path}: this process was forked from one that had opened it, and LMDB "
-                    "cannot open it again here; open the store only in processes that were not forked from "
-                    f"one that used it ({e})"
-                ) from e
+            # LMDB's handle must not be used after fork (its state is the
+            # parent's), and a second handle in one process is refused.
+            raise StoreUnavailable(
+                self.path,
+                "this process was forked from one that had opened it, and an LMDB handle cannot be used after fork",
+                "open the store only in processes that were not forked from one that used it "
+                "(start workers with the spawn method, or open the store after forking)",
+            )
         return self._env
+
+    # --------------------------------------------------------- transactions
+    def _enter(self) -> None:
+        """Count a transaction of this process; wait while a grown map is adopted."""
+        with self._active_changed:
+            while self._remapping:
+                self._active_changed.wait()
+            self._active += 1
+
+    def _leave(self) -> None:
+        with self._active_changed:
+            self._active -= 1
+            self._active_changed.notify_all()
+
+    def _adopt_grown_map(self) -> None:
+        """Another process grew the map: take its size (the one LMDB
+        recorded), once no transaction of this process is open."""
+        with self._active_changed:
+            if self._remapping:  # another thread is adopting it
+                while self._remapping:
+                    self._active_changed.wait()
+                return
+            self._remapping = True
+            try:
+                while self._active:
+                    self._active_changed.wait()
+                with self._lock.writing():  # no commit rewrites the meta page while it is read
+                    self.env.set_mapsize(0)
+                self.map_size = self.env.info()["map_size"]
+                log.warning("shared store %s: another process grew its map; adopted %d bytes", self.path, self.map_size)
+            finally:
+                self._remapping = False
+                self._active_changed.notify_all()
+
+    @contextmanager
+    def _reading(self) -> Iterator[Any]:
+        """A read transaction at a snapshot no writer reuses the pages of."""
+        env = self.env
+        for attempt in (1, 2):
+            self._enter()
+            try:
+                txn, release = self._lock.read(lambda: env.begin(buffers=True), lambda t: t.id())
+                break
+            except lmdb.MapResizedError as e:
+                self._leave()
+                if attempt == 2:
+                    raise self._failed(e) from e
+                self._adopt_grown_map()
+            except lmdb.Error as e:
+                self._leave()
+                raise self._failed(e) from e
+            except BaseException:
+                self._leave()
+                raise
+        try:
+            yield txn
+        finally:
+            txn.abort()
+            release()
+            self._leave()
+
+    def _write(self, work: Callable[[Writer], None], nbytes: int = 0, nkeys: int = 0) -> None:
+        """Run `work` in one write transaction, after the hits remembered
+        since the last one and the due expiries (`nbytes`, `nkeys`: the
+        values it writes).
+        Raises StoreFull when there is no room for it, StoreUnavailable for
+        any other failure of LMDB."""
+        with self._hits_lock:
+            hits, self._hits = self._hits, {}
+        env = self.env
+        for attempt in (1, 2):
+            try:
+                self._enter()
+                try:
+                    self._write_once(env, hits, work, nbytes, nkeys)
+                finally:
+                    self._leave()
+                return
+            except lmdb.MapResizedError as e:
+                if attempt == 2:
+                    raise self._failed(e) from e
+                self._adopt_grown_map()
+            except lmdb.MapFullError as e:
+                raise StoreFull(
+                    self.path,
+                    "its map is full of pages that older read snapshots still hold",
+                    "lower capacity= (the map is twice the capacity at creation)",
+                ) from e
+            except lmdb.Error as e:
+                raise self._failed(e) from e
+
+    def _failed(self, e: Exception) -> StoreUnavailable:
+        return StoreUnavailable(
+            self.path,
+            f"LMDB failed: {e}",
+            f"if it persists, remove {self.path} once no process uses it (it holds only cached KV)",
+        )
+
+    def _write_once(
+        self, env: Any, hits: dict[bytes, None], work: Callable[[Writer], None], nbytes: int, nkeys: int
+    ) -> None:
+        with self._lock.write(lambda: env.info()["last_txnid"] + 1) as commit:
+            txn = env.begin(write=True)
+            try:
+                self._reserve(txn, nbytes, nkeys + len(hits))
+                writer = Writer(txn, self)
+                for db_key in hits:
+                    writer.touch(db_key)
+                writer.expire_due(self.clock())
+                work(writer)
+                writer.save()
+            except BaseException:
+                txn.abort()
+                raise
+            commit(txn.commit)
 
     # ------------------------------------------------------------------ info
     def _info(self, name: bytes, default: int) -> int:
-        with self.env.begin() as txn:
+        with self._reading() as txn:
             raw = txn.get(name, db=self._dbs["info"])
-        return default if raw is None else COUNT.unpack(raw)[0]
+            return default if raw is None else COUNT.unpack(raw)[0]
 
     @property
     def capacity(self) -> int:
@@ -146,7 +435,7 @@ class SharedStore:
         return self.live_bytes
 
     def __len__(self) -> int:
-        with self.env.begin() as txn:
+        with self._reading() as txn:
             return int(txn.stat(self._dbs["meta"])["entries"])
 
     def has_namespace(self, ns: str) -> bool:
@@ -154,35 +443,22 @@ class SharedStore:
 
     def keys(self) -> list[tuple[str, str]]:
         found = []
-        with self.env.begin() as txn:
+        with self._reading() as txn:
             for db_key, meta in txn.cursor(db=self._dbs["meta"]):
-                raw = meta[META.size :] if db_key.startswith(DIGEST_MARK) else db_key
+                raw = meta[META.size :] if db_key[:2] == DIGEST_MARK else db_key
                 found.append(names_of(bytes(raw)))
         return found
 
     def value_size(self, ns: str, key: str) -> int | None:
         """Size of the unexpired value under (ns, key), or None."""
-        with self.env.begin() as txn:
+        with self._reading() as txn:
             meta = txn.get(db_key_of(raw_key(ns, key)), db=self._dbs["meta"])
-        if meta is None:
-            return None
-        _, expires_at, nbytes = META.unpack_from(meta)
+            if meta is None:
+                return None
+            _, expires_at, nbytes, _ = META.unpack_from(meta)
         return None if expires_at <= self.clock() else nbytes
 
     # --------------------------------------------------------------- writes
-    def _write(self, work: Callable[[Writer], None]) -> None:
-        """Run `work` in one write transaction, after the hits remembered
-        since the last one and the due expiries."""
-        with self._hits_lock:
-            hits, self._hits = self._hits, {}
-        with self.env.begin(write=True) as txn:
-            writer = Writer(txn, self)
-            for db_key in hits:
-                writer.touch(db_key)
-            writer.expire_due(self.clock())
-            work(writer)
-            writer.save()
-
     def clear(self) -> None:
         """Drop every value (the capacity stays)."""
 
@@ -194,6 +470,8 @@ class SharedStore:
         self._write(drop)
 
     def set_capacity(self, capacity: int) -> None:
+        capacity = self._capacity_within(capacity)
+
         def resize(writer: Writer) -> None:
             writer.capacity = capacity
             writer.make_room(0)
@@ -224,18 +502,18 @@ class SharedStore:
                 db_key = db_key_of(raw)
                 writer.remove(db_key)  # an overwrite frees the old value first
                 writer.make_room(nbytes)
-                writer.txn.put(db_key, source_bytes(addr, nbytes, bool(on_device and on_device[i])), db=values)
+                value = source_bytes(addr, nbytes, bool(on_device and on_device[i]))
+                writer.txn.put(db_key, value, db=values)
                 expires_at = self.clock() + ttl_second if ttl_second > 0 else math.inf
                 names = b"" if db_key is raw else raw  # keys() reads digest keys' names here
-                writer.publish(db_key, nbytes, expires_at, names)
+                writer.publish(db_key, nbytes, expires_at, sampled_checksum(value), names)
                 self.stats.bytes_in += nbytes
 
         try:
-            self._write(store)
-        except lmdb.MapFullError:
-            # The file is full of pages older read snapshots still hold:
-            # free the slots of dead readers, and fail this call's keys.
-            self.env.reader_check()
+            self._write(store, sum(nbytes for _, nbytes in sources), len(keys))
+        except StoreFull:
+            # Nothing of this call was committed, and the store serves on
+            # (reads, and puts once space frees).
             codes = [StatusCode.OUT_OF_CAPACITY] * len(keys)
         self.stats.puts += len(keys)
         return codes
@@ -253,6 +531,18 @@ class SharedStore:
         return removed
 
     # ---------------------------------------------------------------- reads
+    def _damaged(self, key: str, nbytes: int) -> None:
+        self.damaged_values += 1
+        if self.damaged_values == 1:  # once per process: the store, not the key, is the news
+            log.warning(
+                "shared store %s: a stored value (%d bytes) failed its checksum and is read as a miss; "
+                "the store's file was damaged (truncated, or not written back before a host crash): "
+                "remove %s once no process uses it",
+                self.path,
+                nbytes,
+                self.path,
+            )
+
     def get_many(
         self,
         ns: str,
@@ -264,21 +554,22 @@ class SharedStore:
         (`on_device[i]`: destination i is device memory).
 
         A destination whose size differs from the stored value is left
-        untouched and gets BUFFER_SIZE_MISMATCH: never a partial fill.
+        untouched and gets BUFFER_SIZE_MISMATCH: never a partial fill. A
+        value that fails its checksum is a miss, its destination untouched.
         """
         codes = [StatusCode.KEY_NOT_EXIST] * len(keys)
         hits: list[bytes] = []
         copied = 0
         meta_db, values_db = self._dbs["meta"], self._dbs["values"]
         # One read snapshot: what it copies stays whole while writers go on.
-        with self.env.begin(buffers=True) as txn:
+        with self._reading() as txn:
             now = self.clock()
             for i, key in enumerate(keys):
                 db_key = db_key_of(raw_key(ns, key))
                 meta = txn.get(db_key, db=meta_db)
                 if meta is None:
                     continue
-                _, expires_at, nbytes = META.unpack_from(meta)
+                _, expires_at, nbytes, checksum = META.unpack_from(meta)
                 if expires_at <= now:
                     continue  # the next write transaction removes it
                 addr, length = destinations[i]
@@ -287,6 +578,9 @@ class SharedStore:
                     continue
                 value = txn.get(db_key, db=values_db)
                 if value is None:  # never within one snapshot: meta and value are written together
+                    continue
+                if len(value) != nbytes or sampled_checksum(value) != checksum:
+                    self._damaged(key, nbytes)
                     continue
                 if on_device and on_device[i]:
                     device.copy_to_device(addr, np.frombuffer(value, dtype=np.uint8))
@@ -310,7 +604,7 @@ class SharedStore:
         """Whether each key holds an unexpired value. Does not touch recency."""
         meta_db = self._dbs["meta"]
         found = []
-        with self.env.begin(buffers=True) as txn:
+        with self._reading() as txn:
             now = self.clock()
             for key in keys:
                 meta = txn.get(db_key_of(raw_key(ns, key)), db=meta_db)
@@ -323,14 +617,17 @@ _shared: dict[str, SharedStore] = {}
 _shared_lock = threading.Lock()
 
 
-def open_shared_store(name: str, directory: str, capacity: int | None) -> SharedStore:
+def open_shared_store(
+    name: str, directory: str, capacity: int | None, create: bool = False, mode: int = DEFAULT_MODE
+) -> SharedStore:
     """This process's one handle on the store `name` in `directory` (LMDB
-    allows one per process), opened on first use."""
-    path = store_dir(directory, name)
+    allows one per process), opened on first use. Raises StoreUnavailable
+    naming the path, the cause and the fix when it cannot be opened."""
+    path = os.path.join(os.path.abspath(directory), store_entry_name(name))
     with _shared_lock:
         store = _shared.get(path)
         if store is None:
-            store = _shared[path] = SharedStore(name, directory, capacity or DEFAULT_CAPACITY)
+            store = _shared[path] = SharedStore(name, directory, capacity or DEFAULT_CAPACITY, create=create, mode=mode)
     return store
 
 

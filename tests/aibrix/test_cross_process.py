@@ -99,7 +99,7 @@ class WorkerProcess:
 
 
 def start_workers(directory: str, hash_seeds: list[int], blocks: dict) -> list[WorkerProcess]:
-    config = write_config(os.path.join(directory, "eic.yaml"), remote_url=f"local://xp?dir={directory}/store")
+    config = write_config(os.path.join(directory, "eic.yaml"), remote_url=f"local://xp?dir={directory}/store&create=1")
     workers = [WorkerProcess(config, seed, blocks, directory) for seed in hash_seeds]
     return [worker.ready() for worker in workers]  # they start in parallel
 
@@ -182,12 +182,13 @@ def test_writes_pending_when_a_process_exits_without_close_are_flushed(four, sto
     vLLM's engine-core and worker processes do on SIGTERM."""
     query_seed = 50 if how == "leave" else 51
     slow = write_config(
-        os.path.join(store_dir, f"slow-{how}.yaml"), remote_url=f"local://xp?dir={store_dir}/store&latency=400ms"
+        os.path.join(store_dir, f"slow-{how}.yaml"),
+        remote_url=f"local://xp?dir={store_dir}/store&create=1&latency=400ms",
     )
     own_config, args = slow, {}
     if how == "leave_from_child":  # the child writes; the parent keeps to a store of its own (see leave_from_child)
         own_config = write_config(
-            os.path.join(store_dir, "parent.yaml"), remote_url=f"local://parent?dir={store_dir}/p"
+            os.path.join(store_dir, "parent.yaml"), remote_url=f"local://parent?dir={store_dir}/p&create=1"
         )
         args["config"] = slow
     leaving = WorkerProcess(own_config, 9, SMALL_BLOCKS, store_dir).ready()

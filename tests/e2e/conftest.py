@@ -179,7 +179,7 @@ def second_mount(model_dir, workdir) -> Path:
 def shared_store_url(workdir: Path, name: str) -> str:
     """A remote_url of the engine's shared mode: every server given it opens
     one store, kept under the run's directory."""
-    return f"local://{name}?dir={workdir / ('store-' + name)}&capacity=512MiB"
+    return f"local://{name}?dir={workdir / ('store-' + name)}&create=1&capacity=512MiB"
 
 
 @pytest.fixture(scope="session")

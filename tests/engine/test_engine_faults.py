@@ -340,6 +340,8 @@ def test_every_documented_param_is_parsed():
         "default_codes_fail_rate",
         "seed",
         "dir",
+        "create",
+        "mode",
     }
 
 

@@ -3,53 +3,15 @@ one process writes another reads, a writer killed mid-put never leaves a
 partial value, and the store outlives every process that used it. The SDK
 behaviour common to both modes is in test_engine_conformance.py."""
 
-import os
 import signal
-import subprocess
-import sys
-import textwrap
 import time
 
 import numpy as np
 import pytest
+from engine_processes import MiB, child, client, mget, mset
 
-import aibrix_eic
 import aibrix_eic.engine as eic
 from aibrix_eic.engine import get_store, parse_endpoint, reset_stores
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(aibrix_eic.__file__)))
-MiB = 1 << 20
-
-
-def child(code: str, *args: str, stdout=subprocess.PIPE) -> subprocess.Popen:
-    """A fresh interpreter running `code` on this checkout's package."""
-    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
-    return subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(code), *args], stdout=stdout, env=env, text=True, cwd=REPO_ROOT
-    )
-
-
-def client(endpoint: str):
-    c = eic.Client()
-    assert c.init("test", endpoint, eic.InitOption()) == 0
-    return c
-
-
-def mset(c, items: dict[str, np.ndarray]):
-    vals = eic.IOBuffers()
-    for array in items.values():
-        vals.append(array.ctypes.data, array.nbytes, False)
-    return c.mset(eic.StringVector(items), vals, eic.SetOption())
-
-
-def mget(c, sizes: dict[str, int]) -> tuple[list, list[np.ndarray]]:
-    arrays = [np.zeros(n, np.uint8) for n in sizes.values()]
-    vals = eic.IOBuffers()
-    for array in arrays:
-        vals.append(array.ctypes.data, array.nbytes, False)
-    _, _, outcome = c.mget(eic.StringVector(sizes), eic.GetOption(), vals)
-    return list(outcome.status_codes), arrays
-
 
 WRITE_AND_EXIT = """
     import sys, numpy as np, aibrix_eic.engine as eic
@@ -86,7 +48,7 @@ FORK_AFTER_OPEN = """
             eic.get_store(sys.argv[1]).exist_many("", ["k"])
             print("child: read the store")
         except Exception as e:
-            print("child:", e)
+            print("child:", type(e).__name__, e)
         sys.stdout.flush()
         os._exit(0)
     os.waitpid(pid, 0)
@@ -96,7 +58,7 @@ FORK_AFTER_OPEN = """
 def test_a_child_forked_after_the_store_opened_is_told_why_it_cannot_use_it(shared_dir):
     forking = child(FORK_AFTER_OPEN, f"fork?dir={shared_dir}")
     out, _ = forking.communicate(timeout=60)
-    assert "this process was forked from one that had opened it" in out, out
+    assert "child: StoreUnavailable" in out and "this process was forked from one that had opened it" in out, out
 
 
 def test_the_store_outlives_every_handle_on_it(shared_dir):
