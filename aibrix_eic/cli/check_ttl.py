@@ -19,8 +19,13 @@ class TtlSteps(CheckSteps):
         from ..engine import get_store, parse_endpoint
 
         name, params = parse_endpoint(self.cfg.endpoint)
-        # Only the store's identity: its other parameters were applied at init.
-        return get_store(f"{name}?dir={params['dir']}" if "dir" in params else name)
+        if "dir" not in params:
+            return get_store(name)
+        # The store the connector opened (one handle per process): found by its path alone.
+        from ..engine.shared_store import open_shared_store
+
+        opening = {key: params[key] for key in ("create", "mode") if key in params}
+        return open_shared_store(name, params["dir"], None, **opening)
 
     def _check_ttl_with_engine_clock(self) -> tuple[str, str]:
         """Move the embedded store's clock instead of waiting."""

@@ -7,7 +7,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 
-from ..engine.shared_records import store_dir
+from ..engine.shared_files import store_path
 from ..util.units import format_size
 
 
@@ -34,7 +34,7 @@ class BenchStore:
 
     @property
     def path(self) -> str:
-        return store_dir(self.directory, self.name)
+        return store_path(self.directory, self.name)
 
     def prepare(self) -> None:
         """Create DIR if it is missing (the engine creates the store's folder)."""

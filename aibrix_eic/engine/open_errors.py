@@ -14,7 +14,6 @@ import logging
 import os
 import sys
 import threading
-from urllib.parse import quote
 
 from .errors import StoreUnavailable
 
@@ -33,6 +32,7 @@ def store_path(endpoint: str) -> str:
     """Where the shared store an endpoint names lives, as the store names it
     (DIR/NAME); the endpoint as given when it names none."""
     from .registry import parse_endpoint
+    from .shared_files import store_path
 
     try:
         name, params = parse_endpoint(endpoint)
@@ -41,7 +41,7 @@ def store_path(endpoint: str) -> str:
     directory = params.get("dir")
     if directory is None:
         return endpoint
-    return os.path.join(os.path.abspath(directory), quote(name, safe="") or "default")
+    return store_path(directory, name)
 
 
 def explain(endpoint: str, error: BaseException) -> StoreUnavailable | None:

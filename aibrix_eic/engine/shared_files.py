@@ -16,6 +16,7 @@ import os
 import stat
 import struct
 import uuid
+from urllib.parse import quote
 
 from .errors import StoreUnavailable
 
@@ -144,6 +145,11 @@ def check_parent(directory: str, create: bool, mode: int) -> str:
             f"chmod g-w (or +t) {path}, add mode=0770 to share the store with that group, or use a private dir=",
         )
     return path
+
+
+def store_path(directory: str, name: str) -> str:
+    """DIR/NAME, where the store `name` lives (names may hold ':' or '/')."""
+    return os.path.join(os.path.abspath(directory), quote(name, safe="") or "default")
 
 
 def store_entry(path: str, mode: int) -> None:

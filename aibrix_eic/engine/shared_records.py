@@ -9,7 +9,6 @@ import math
 import struct
 import zlib
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 import numpy as np
 
@@ -27,11 +26,6 @@ DIGEST_MARK = b"\xff\xff"  # never a namespace length: those stay below MAX_DB_K
 
 
 _PAGE = 4096
-
-
-def store_entry_name(name: str) -> str:
-    """The directory under DIR that holds the store `name` (names may hold ':' or '/')."""
-    return quote(name, safe="") or "default"
 
 
 def sampled_checksum(value: Any) -> int:

@@ -70,6 +70,7 @@ from .shared_files import (
     open_file,
     read_or_create_header,
     store_entry,
+    store_path,
 )
 from .shared_lock import StoreLock
 from .shared_records import (
@@ -83,9 +84,8 @@ from .shared_records import (
     raw_key,
     sampled_checksum,
     source_bytes,
-    store_entry_name,
 )
-from .store import StoreStats
+from .store import DEFAULT_MAX_VALUE_BYTES, StoreStats
 
 try:
     import lmdb
@@ -133,13 +133,13 @@ class SharedStore:
         name: str,
         directory: str,
         capacity: int = DEFAULT_CAPACITY,
-        max_value_bytes: int = 4 * 1024**2,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         clock: Callable[[], float] = time.time,
         create: bool = False,
         mode: int = DEFAULT_MODE,
     ) -> None:
         self.name = name
-        self.path = os.path.join(os.path.abspath(directory), store_entry_name(name))
+        self.path = store_path(directory, name)
         self.max_value_bytes = max_value_bytes
         self.namespaces: frozenset[str] | None = None
         # Wall-clock seconds: expiry times are compared across processes.
@@ -623,7 +623,7 @@ def open_shared_store(
     """This process's one handle on the store `name` in `directory` (LMDB
     allows one per process), opened on first use. Raises StoreUnavailable
     naming the path, the cause and the fix when it cannot be opened."""
-    path = os.path.join(os.path.abspath(directory), store_entry_name(name))
+    path = store_path(directory, name)
     with _shared_lock:
         store = _shared.get(path)
         if store is None:

@@ -29,7 +29,11 @@ def test_each_get_logs_the_blocks_it_loaded_and_no_key(rig, caplog):
     statuses = rig.run(rig.conn.mget(KEYS, mrs))  # 4 stored, 2 never were
     rig.release(mrs)
     assert [s.is_ok() for s in statuses] == [True] * 4 + [False] * 2
-    lines = [r.getMessage() for r in caplog.records if r.name == "aibrix_eic.observability.reuse" and r.levelno == logging.DEBUG]
+    lines = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "aibrix_eic.observability.reuse" and r.levelno == logging.DEBUG
+    ]
     assert len(lines) == 1
     assert lines[0].startswith("EIC get: 4 of 6 blocks loaded (16.0KiB) in ")
     for key in KEYS:

@@ -373,8 +373,6 @@ SINGLE_VALUES_OF_PUBLIC_CALLERS = {
 
 
 def test_the_default_max_value_takes_what_public_callers_write_as_one_value(engine_session):
-    if engine_session.target.name == "shared":
-        pytest.skip("the shared store's default lives in shared_store.py, which is being rebuilt; it is to follow it")
     from aibrix_eic.engine.store import DEFAULT_MAX_VALUE_BYTES
 
     assert engine_session.target.store.max_value_bytes == DEFAULT_MAX_VALUE_BYTES == 64 * MiB
