@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from ..util.docs import docs_url
 from . import device
 from .enums import StatusCode
 from .errors import StoreUnavailable
@@ -257,7 +258,7 @@ class SharedStore:
                 raise StoreFull(
                     self.path,
                     f"no space left on its filesystem for {end - begin} more bytes",
-                    "free space there, or set capacity= to what the filesystem holds (docs/operations.md)",
+                    f"free space there, or set capacity= to what the filesystem holds ({docs_url('operations.md', 'the-engines-shared-store')})",
                 ) from e
             if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                 raise from_os_error(self.path, e) from e

@@ -97,7 +97,7 @@ def test_a_shared_store_that_cannot_be_opened_is_named_in_the_open_failure_and_l
 
     (tmp_path / "file").write_text("in the way")
     remote_url = f"local://kv?dir={tmp_path}/file"
-    expected = f"shared store {tmp_path}/file/kv: {tmp_path}/file is not a directory; move {tmp_path}/file away"
+    expected = f"shared store {tmp_path}/file: not a directory; dir= must name a directory"
     inits = {"count": 0}
     retried = threading.Event()
     original = surface.Client.init
