@@ -231,6 +231,16 @@ def assert_same_output(got: Completion, want: Completion, what: str = "", tol: f
     assert worst <= tol, f"{what}: logprobs differ by {worst} > {tol}"
 
 
+def first_send(server: Server, name: str, baseline: dict[str, Completion]) -> Completion:
+    """Send prompt `name` the first time: computed with the baseline's
+    outputs, nothing reused, its whole blocks (but the last token) offloaded."""
+    first = server.complete(PROMPTS[name])
+    assert server.sent(first) == FULL_REUSE
+    assert server.reuse(first) == 0
+    assert_same_output(first, baseline[name], f"{server.name}: first send of {name}")
+    return first
+
+
 # connector-open line as vLLM formats a worker's record:
 # "(Worker pid=123) INFO 12-01 08:39:07 [connector.py:184] EIC connector open: ..."
 VLLM_PREFIX = (
