@@ -15,6 +15,7 @@ from conftest import (
     PROMPTS,
     assert_same_output,
     claim_server,
+    first_send,
     identity_token,
     open_line,
     queue_server,
@@ -68,10 +69,7 @@ def test_the_type2_connector_opens_our_l2(server, workdir):
 
 def test_layerwise_offload_then_layerwise_reloads(server, baseline):
     prompt = PROMPTS["p0"]
-    first = server.complete(prompt)
-    assert server.sent(first) == FULL_REUSE
-    assert server.reuse(first) == 0
-    assert_same_output(first, baseline["p0"], "first send")
+    first_send(server, "p0", baseline)
     server.flushed_stats()
     store = _store(server)
     assert store["keys"] == BLOCKS, store
@@ -97,8 +95,7 @@ def test_replicas_reuse_each_others_kv_across_connectors(server, peer, baseline)
     assert peer.reuse(reload) == FULL_REUSE
     assert_same_output(reload, baseline["p0"], "Type1 peer's reload of Type2's p0")
     # ... and what the peer computed, the Type2 server reloads layer by layer
-    first = peer.complete(PROMPTS["p1"])
-    assert peer.sent(first) == FULL_REUSE
+    first_send(peer, "p1", baseline)
     peer.flushed_stats()
     hits_before = _store(server)["hits"]
     again = server.complete(PROMPTS["p1"])
