@@ -6,8 +6,10 @@ manager with Type1's `_init_worker` (adapted by importing cpu_type1), and
 has CUDA points of its own, adapted here the same way (cpu_type1.adapt):
 its copy kernels, its send/recv CUDA streams and slot-mapping buffers on
 "cuda", and its own supported-backend table. Its logic runs unchanged: the
-first layer is loaded before the forward pass, each next one while the
-layer before it waits, and every layer is staged as it is computed.
+first layer is loaded before the forward pass, each next one in
+`wait_for_layer_load` as the layer before it is about to run, and every
+layer is staged as it is computed (on CPU each copy is done when its call
+returns, so nothing overlaps).
 """
 
 import cpu_type1

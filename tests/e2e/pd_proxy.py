@@ -97,7 +97,8 @@ class PDProxy:
     def prefill(self, body: dict) -> PrefillStep:
         """Step 1: the prompt's prefill, one token, KV written to the L2."""
         request = dict(body, max_tokens=1, stream=False, kv_transfer_params={"do_remote_decode": True})
-        request.pop("stream_options", None)
+        for key in ("stream_options", "min_tokens"):  # a one-token, unstreamed request refuses them
+            request.pop(key, None)
         with _post(self.prefill_url + "/v1/completions", request) as reply:
             out = json.load(reply)
         step = PrefillStep(out["id"], out.get("kv_transfer_params"))

@@ -178,7 +178,14 @@ class _Upstream(ThreadingHTTPServer):
 
 def test_pd_proxy_prefills_one_token_then_decodes_with_the_returned_params(serve):
     prefill, decode = _Upstream("prefill"), _Upstream("decode")
-    body = {"model": "m", "prompt": [5, 6, 7], "max_tokens": 9, "stream": True, "stream_options": {"x": 1}}
+    body = {
+        "model": "m",
+        "prompt": [5, 6, 7],
+        "max_tokens": 9,
+        "min_tokens": 9,
+        "stream": True,
+        "stream_options": {"x": 1},
+    }
     try:
         with serve.PDProxy(prefill.url, decode.url) as proxy:
             request = urllib.request.Request(
@@ -192,7 +199,8 @@ def test_pd_proxy_prefills_one_token_then_decodes_with_the_returned_params(serve
             upstream.server_close()
     (to_prefill,) = prefill.bodies
     assert to_prefill["kv_transfer_params"] == {"do_remote_decode": True}
-    assert to_prefill["max_tokens"] == 1 and to_prefill["stream"] is False and "stream_options" not in to_prefill
+    assert to_prefill["max_tokens"] == 1 and to_prefill["stream"] is False
+    assert "stream_options" not in to_prefill and "min_tokens" not in to_prefill
     (to_decode,) = decode.bodies
     assert to_decode == dict(body, kv_transfer_params={"do_remote_prefill": True})
     assert streamed == b'data: {"id": "cmpl-d"}\n\ndata: [DONE]\n\n'
