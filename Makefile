@@ -71,7 +71,7 @@ e2e-setup:
 
 # tests/e2e has its own pytest.ini; `make test` never collects it.
 e2e: e2e-setup
-	cd tests/e2e && ../../$(E2E_PY) -m pytest $(E2E_ARGS)
+	cd tests/e2e && $(abspath $(E2E_PY)) -m pytest $(E2E_ARGS)
 
 # TTFT in a real server (benchmarks/RESULTS.md); not run by CI, about 15 min here.
 e2e-bench: e2e-setup

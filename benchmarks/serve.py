@@ -18,6 +18,16 @@ server at a time, so none steals another's cores. Phases:
   what L1 evicts.
 - `upstream`: AIBrix's own EIC connector, L1 off, with our engine bound as
   its `eic` module (our shim and vLLM plugin switched off in the server).
+- `type2`: as `eic` with AIBrix's Type2 connector (layer-wise save and
+  load; the suite's cpu_type2 adapter) instead of Type1.
+- `pd`: prefill/decode disaggregation through our L2: a prefill server and
+  a decode server with AIBrix's AIBrixPDReuseConnector (cpu_pd_reuse
+  adapter) on one shared engine store, both up at once (so they share the
+  cores), and the suite's PD proxy (tests/e2e/pd_proxy.py) in front; the
+  client talks to the proxy. Pass 2 sends the same prompts again: the
+  prefiller then reloads them from the store too. The figures of a pass
+  are the decoder's (its reused tokens are the tokens transferred through
+  EIC); peak RSS is both servers'.
 - `vllm-prefix`: no connector, vLLM's prefix caching on: the ceiling.
 - controls (not in the default --phases): `mock`, as `eic` with AIBrix's
   own in-memory MOCK L2 backend (mput/mget) instead of ours, the floor of
@@ -70,17 +80,47 @@ sys.path[:0] = [str(REPO / "benchmarks"), str(REPO / "tests" / "e2e")]
 
 import model  # noqa: E402
 from e2e_ttft import aibrix_reused_tokens, asdict_spec, prefix_cache_counters, stream_request, versions  # noqa: E402
-from server import ENGINE_BLOCK, MODEL_NAME, Server, metric_value  # noqa: E402
+from pd_proxy import PDProxy  # noqa: E402
+from server import ENGINE_BLOCK, MODEL_NAME, TYPE2_CPU, Server, metric_value, pd_reuse_cpu  # noqa: E402
 
-PHASES = ("plain", "eic", "eic-default", "eic-evicted", "upstream", "vllm-prefix")
+PHASES = ("plain", "eic", "eic-default", "eic-evicted", "upstream", "vllm-prefix", "type2", "pd")
 CONTROLS = ("mock", "l1-only", "mock-default")  # run only when named in --phases
 PASSES = ("pass1", "pass2")
 DEFAULT_GOODPUT = ["ttft:2000", "tpot:1000"]
 
 
 # ------------------------------------------------------------ servers
+PD_ROLES = {"pd-prefill": "kv_both", "pd-decode": "kv_consumer"}
+
+
+def phase_servers(name: str, model_dir: Path, workdir: Path, args: argparse.Namespace) -> list[Server]:
+    """The servers of one phase, not started: one, or for `pd` the prefill
+    and the decode server (in that order) on one shared store."""
+    if name != "pd":
+        return [phase_server(name, model_dir, workdir, args)]
+    phase_dir = workdir / name
+    store_dir = phase_dir / "store"
+    store_dir.mkdir(parents=True, exist_ok=True)
+    config = phase_dir / "eic.yaml"
+    config.write_text(f"remote_url: local://serve-pd?dir={store_dir}&capacity=8GiB\n")
+    servers = []
+    for server_name, kv_role in PD_ROLES.items():
+        metrics_dir = phase_dir / server_name / "prometheus"
+        metrics_dir.mkdir(parents=True, exist_ok=True)
+        # two servers at once: less of the machine's memory for each one's KV cache
+        env = {
+            "VLLM_CPU_KVCACHE_SPACE": "2",
+            "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+            "AIBRIX_KV_CACHE_OL_EIC_CONFIG": str(config),
+            "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+        }
+        kv_transfer = pd_reuse_cpu(kv_role, engine_id=server_name)
+        servers.append(Server(server_name, model_dir, phase_dir, env=env, kv_transfer=kv_transfer))
+    return servers
+
+
 def phase_server(name: str, model_dir: Path, workdir: Path, args: argparse.Namespace) -> Server:
-    """The server of one phase, not started."""
+    """The server of one single-server phase, not started."""
     # Both cores for every server: vLLM's automatic binding reserves one
     # core without a KV connector and none with one (see e2e_ttft.py).
     env = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
@@ -122,7 +162,7 @@ def phase_server(name: str, model_dir: Path, workdir: Path, args: argparse.Names
                 "AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_TYPE": "EVICTED",
             }
         )
-    return Server(name, model_dir, workdir, connector=True, env=env)
+    return Server(name, model_dir, workdir, connector=True, env=env, kv_transfer=TYPE2_CPU if name == "type2" else None)
 
 
 def upstream_env(phase_dir: Path, store: str) -> dict[str, str]:
@@ -158,10 +198,10 @@ def upstream_env(phase_dir: Path, store: str) -> dict[str, str]:
 
 
 class PeakRss:
-    """Samples the RSS of a process and all its descendants; keeps the peak."""
+    """Samples the RSS of processes and all their descendants, summed; keeps the peak."""
 
-    def __init__(self, pid: int, interval_s: float = 0.5) -> None:
-        self.pid = pid
+    def __init__(self, *pids: int, interval_s: float = 0.5) -> None:
+        self.pids = pids
         self.interval_s = interval_s
         self.peak = 0
         self._stop = threading.Event()
@@ -170,11 +210,13 @@ class PeakRss:
     def _sample(self) -> int:
         import psutil
 
-        try:
-            root = psutil.Process(self.pid)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return 0
+        procs = []
+        for pid in self.pids:
+            try:
+                root = psutil.Process(pid)
+                procs += [root, *root.children(recursive=True)]
+            except psutil.Error:
+                pass
         total = 0
         for proc in procs:
             try:
@@ -248,7 +290,12 @@ def check_same_prompts(model_dir: Path, args: argparse.Namespace) -> None:
     args.prompt_lens = [s.prompt_len for s in first]
 
 
-def run_pass(server: Server, model_dir: Path, args: argparse.Namespace) -> dict:
+def run_pass(
+    server: Server, model_dir: Path, args: argparse.Namespace, base_url: str | None = None, pids: tuple[int, ...] = ()
+) -> dict:
+    """One pass of vLLM's client against `base_url` (the server's own URL
+    unless given, e.g. a PD proxy's); counters are read from `server`,
+    peak RSS over `server` and `pids`."""
     from vllm.benchmarks.serve import main as vllm_bench_main
 
     engine_before = engine_hits(server)
@@ -256,8 +303,8 @@ def run_pass(server: Server, model_dir: Path, args: argparse.Namespace) -> dict:
     reused_before = aibrix_reused_tokens(server)
     prefix_before = prefix_cache_counters(server)
     started = time.perf_counter()
-    with PeakRss(server.proc.pid) as rss:
-        result = vllm_bench_main(bench_args(server.url, model_dir, args))
+    with PeakRss(server.proc.pid, *pids) as rss:
+        result = vllm_bench_main(bench_args(base_url or server.url, model_dir, args))
     wall = time.perf_counter() - started
     prefix_hits = prefix_cache_counters(server)[1] - prefix_before[1]
     out = {key: result.get(key) for key in RESULT_KEYS}
@@ -273,11 +320,18 @@ def run_pass(server: Server, model_dir: Path, args: argparse.Namespace) -> dict:
         }
     )
     out["reused_tokens"] = max(out["aibrix_reused_tokens"], out["vllm_prefix_hit_tokens"])
-    # Type1 offloads whole blocks of the prompt minus its last token: the most a pass can reuse
     lens = result.get("input_lens") or args.prompt_lens  # set by check_same_prompts, before any server
-    out["reusable_tokens"] = sum((n - 1) // ENGINE_BLOCK * ENGINE_BLOCK for n in lens if n)
+    out["reusable_tokens"] = reusable_tokens(lens, pd=base_url is not None)
     out["reused_fraction"] = out["reused_tokens"] / max(1, out["reusable_tokens"])
     return out
+
+
+def reusable_tokens(prompt_lens: list[int], pd: bool = False) -> int:
+    """The most a pass can reuse: Type1 and Type2 offload whole blocks of
+    the prompt minus its last token; a PD decoder loads every prompt token."""
+    if pd:
+        return sum(n for n in prompt_lens if n)
+    return sum((n - 1) // ENGINE_BLOCK * ENGINE_BLOCK for n in prompt_lens if n)
 
 
 RESULT_KEYS = (
@@ -320,29 +374,43 @@ def engine_hits(server: Server) -> int | None:
 # ------------------------------------------------------------ phases and runs
 def run_phase(name: str, model_dir: Path, workdir: Path, args: argparse.Namespace) -> dict:
     started = time.perf_counter()
-    server = phase_server(name, model_dir, workdir, args)
+    servers = phase_servers(name, model_dir, workdir, args)
+    proxy = None
     try:
-        server.start().wait_ready(600)
-        server.warm_up()
+        for server in servers:
+            server.start()
+        for server in servers:
+            server.wait_ready(600)
+            server.warm_up()
+        server = servers[-1]  # the one whose counters a pass reads: the decoder for pd
+        pids = tuple(s.proc.pid for s in servers[:-1])
+        if len(servers) > 1:
+            proxy = PDProxy(servers[0].url, server.url).start()
         # a first long prefill costs more than later ones; take it on another prompt
         warm_rng = random.Random(99)
-        stream_request(server, [warm_rng.randrange(3, model.VOCAB_SIZE) for _ in range(args.prompt_len)], 2)
+        stream_request(proxy or server, [warm_rng.randrange(3, model.VOCAB_SIZE) for _ in range(args.prompt_len)], 2)
         ready_s = time.perf_counter() - started
         print(f"{name}: ready in {ready_s:.0f} s, measuring", file=sys.stderr)
-        phase: dict = {p: run_pass(server, model_dir, args) for p in PASSES}
+        base_url = proxy.url if proxy else None
+        phase: dict = {p: run_pass(server, model_dir, args, base_url, pids) for p in PASSES}
     finally:
-        server.stop()
+        if proxy is not None:
+            proxy.stop()
+        for server in servers:
+            server.terminate()
+        for server in servers:
+            server.stop()
     phase["wall_s"] = time.perf_counter() - started  # start, warm-up, both passes, stop
     phase["start_and_warm_up_s"] = ready_s
-    phase["log"] = str(server.log_path)
+    phase["log"] = ", ".join(str(s.log_path) for s in servers)
     return phase
 
 
 def ratios(results: dict) -> dict:
     """Same-run ratios of pass-2 TTFT p50."""
 
-    def p50(phase: str) -> float | None:
-        return results[phase]["pass2"]["p50_ttft_ms"] if phase in results else None
+    def p50(phase: str, key: str = "p50_ttft_ms", pass_name: str = "pass2") -> float | None:
+        return results[phase][pass_name][key] if phase in results else None
 
     pairs = {
         "eic_over_vllm_prefix": ("eic", "vllm-prefix"),
@@ -357,11 +425,19 @@ def ratios(results: dict) -> dict:
         "evicted_over_l1_off": ("eic-evicted", "eic"),
         "upstream_over_eic": ("upstream", "eic"),
         "plain_over_eic": ("plain", "eic"),
+        "type2_over_eic": ("type2", "eic"),
+        "type2_over_vllm_prefix": ("type2", "vllm-prefix"),
     }
     out = {}
     for label, (a, b) in pairs.items():
         if p50(a) is not None and p50(b):
             out[label] = p50(a) / p50(b)
+    # PD against a colocated server computing the same prompts (pass 1 of
+    # plain): first token through prefill + EIC + decode, and decode speed
+    for label, key in (("pd_over_plain_pass1_ttft", "p50_ttft_ms"), ("pd_over_plain_pass1_tpot", "p50_tpot_ms")):
+        a, b = p50("pd", key, "pass1"), p50("plain", key, "pass1")
+        if a is not None and b:
+            out[label] = a / b
     return out
 
 
@@ -394,7 +470,8 @@ def table(run: dict) -> str:
     for phase, result in run["results"].items():
         lines += [table_row(phase, p[-1], result[p]) for p in PASSES]
     lines.append("")
-    lines += [f"pass-2 TTFT p50 {label}: {value:.2f}x" for label, value in run["ratios"].items()]
+    lines.append("same-run ratios (pass-2 TTFT p50 unless the label names the pass and figure):")
+    lines += [f"{label}: {value:.2f}x" for label, value in run["ratios"].items()]
     lines.append("phase wall (s): " + ", ".join(f"{k} {v['wall_s']:.0f}" for k, v in run["results"].items()))
     return "\n".join(lines)
 

@@ -178,8 +178,11 @@ def second_mount(model_dir, workdir) -> Path:
 
 def shared_store_url(workdir: Path, name: str) -> str:
     """A remote_url of the engine's shared mode: every server given it opens
-    one store, kept under the run's directory."""
-    return f"local://{name}?dir={workdir / ('store-' + name)}&create=1&capacity=512MiB"
+    one store, kept under the run's directory (made here, so the URL needs
+    no `create=1`, as a deployment's pre-made volume would not)."""
+    directory = workdir / ("store-" + name)
+    directory.mkdir(parents=True, exist_ok=True)
+    return f"local://{name}?dir={directory}&capacity=512MiB"
 
 
 @pytest.fixture(scope="session")
@@ -222,10 +225,20 @@ def baseline(model_dir, workdir, typo_server) -> dict[str, Completion]:
         stop_server(server)
 
 
-def assert_same_output(got: Completion, want: Completion, what: str = "") -> None:
+def assert_same_output(got: Completion, want: Completion, what: str = "", tol: float = LOGPROB_TOL) -> None:
     assert got.token_ids == want.token_ids, f"{what}: token ids {got.token_ids} != baseline {want.token_ids}"
     worst = max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs))
-    assert worst <= LOGPROB_TOL, f"{what}: logprobs differ by {worst} > {LOGPROB_TOL}"
+    assert worst <= tol, f"{what}: logprobs differ by {worst} > {tol}"
+
+
+def first_send(server: Server, name: str, baseline: dict[str, Completion]) -> Completion:
+    """Send prompt `name` the first time: computed with the baseline's
+    outputs, nothing reused, its whole blocks (but the last token) offloaded."""
+    first = server.complete(PROMPTS[name])
+    assert server.sent(first) == FULL_REUSE
+    assert server.reuse(first) == 0
+    assert_same_output(first, baseline[name], f"{server.name}: first send of {name}")
+    return first
 
 
 # connector-open line as vLLM formats a worker's record:

@@ -25,12 +25,23 @@ ENGINE_BLOCK = 32  # --block-size; a multiple of 32 on CPU
 START_TIMEOUT_S = float(os.environ.get("E2E_START_TIMEOUT_S", "240"))
 REQUEST_TIMEOUT_S = 120.0
 
-# AIBrix's Type1 connector, adapted for CPU by the test-owned cpu_type1 module.
+# AIBrix's connectors, adapted for CPU by the test-owned cpu_* modules.
 TYPE1_CPU = {
     "kv_connector": "AIBrixOffloadingConnector",
     "kv_role": "kv_both",
     "kv_connector_module_path": "cpu_type1",
 }
+TYPE2_CPU = dict(TYPE1_CPU, kv_connector_module_path="cpu_type2")
+
+
+def pd_reuse_cpu(kv_role: str, engine_id: str) -> dict:
+    """AIBrixPDReuseConnector: a prefiller is kv_both, a decoder kv_consumer."""
+    return {
+        "kv_connector": "AIBrixPDReuseConnector",
+        "kv_role": kv_role,
+        "engine_id": engine_id,
+        "kv_connector_module_path": "cpu_pd_reuse",
+    }
 
 
 class ServerError(AssertionError):
@@ -42,6 +53,7 @@ class Completion:
     id: str
     token_ids: list[int]
     logprobs: list[float]
+    kv_transfer_params: dict | None = None  # what a prefiller returns for the decoder
 
 
 def free_port() -> int:
@@ -59,6 +71,38 @@ def _clean_env() -> dict[str, str]:
     }
 
 
+def complete(
+    url: str, prompt: list[int], max_tokens: int = 8, timeout_s: float = REQUEST_TIMEOUT_S, who: str = "", **extra
+) -> Completion:
+    """A greedy completion of a token-id prompt from the OpenAI server (or
+    proxy) at `url`, with each token's logprob; `extra` goes in the body."""
+    body = {
+        "model": MODEL_NAME,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "logprobs": 0,
+        "return_tokens_as_token_ids": True,
+        **extra,
+    }
+    request = urllib.request.Request(
+        f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as r:
+            out = json.load(r)
+    except urllib.error.HTTPError as e:
+        raise ServerError(f"{who or url}: HTTP {e.code}: {e.read()[:500]!r}") from None
+    choice = out["choices"][0]
+    tokens = choice["logprobs"]["tokens"]
+    return Completion(
+        out["id"],
+        [int(t.split(":", 1)[1]) for t in tokens],
+        [float(x) for x in choice["logprobs"]["token_logprobs"]],
+        out.get("kv_transfer_params"),
+    )
+
+
 class Server:
     def __init__(
         self,
@@ -70,6 +114,7 @@ class Server:
         env: dict[str, str] | None = None,
         args: list[str] | None = None,
         prefix_caching: bool = False,
+        kv_transfer: dict | None = None,
     ) -> None:
         self.name = name
         self.workdir = workdir / name
@@ -138,7 +183,7 @@ class Server:
             "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
         ]
         if connector:
-            self.argv += ["--kv-transfer-config", json.dumps(TYPE1_CPU)]
+            self.argv += ["--kv-transfer-config", json.dumps(kv_transfer or TYPE1_CPU)]
         self.argv += args or []
 
     # ------------------------------------------------------------ lifecycle
@@ -225,30 +270,10 @@ class Server:
         except (urllib.error.URLError, OSError):
             return False
 
-    def complete(self, prompt: list[int], max_tokens: int = 8, timeout_s: float = REQUEST_TIMEOUT_S) -> Completion:
-        body = {
-            "model": MODEL_NAME,
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "temperature": 0.0,
-            "logprobs": 0,
-            "return_tokens_as_token_ids": True,
-        }
-        request = urllib.request.Request(
-            f"{self.url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as r:
-                out = json.load(r)
-        except urllib.error.HTTPError as e:
-            raise ServerError(f"{self.name}: HTTP {e.code}: {e.read()[:500]!r}") from None
-        choice = out["choices"][0]
-        tokens = choice["logprobs"]["tokens"]
-        return Completion(
-            out["id"],
-            [int(t.split(":", 1)[1]) for t in tokens],
-            [float(x) for x in choice["logprobs"]["token_logprobs"]],
-        )
+    def complete(
+        self, prompt: list[int], max_tokens: int = 8, timeout_s: float = REQUEST_TIMEOUT_S, **extra
+    ) -> Completion:
+        return complete(self.url, prompt, max_tokens, timeout_s, who=self.name, **extra)
 
     def warm_up(self) -> None:
         """The first request after start can take 3-20 s; take it here."""

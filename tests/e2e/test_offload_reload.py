@@ -15,6 +15,7 @@ from conftest import (
     VLLM_PREFIX,
     assert_same_output,
     claim_server,
+    first_send,
     open_line,
     queue_server,
     stop_server,
@@ -50,10 +51,7 @@ def test_worker_log_shows_our_connector_in_vllms_format(server):
 
 def test_first_send_offloads_then_reloads_reuse_it(server, baseline):
     prompt = PROMPTS["p0"]
-    first = server.complete(prompt)
-    assert server.sent(first) == FULL_REUSE
-    assert server.reuse(first) == 0
-    assert_same_output(first, baseline["p0"], "first send")
+    first_send(server, "p0", baseline)
     stats = server.flushed_stats()
     (snapshot,) = stats.values()
     assert snapshot["stores"]["l1off"]["keys"] == FULL_REUSE // ENGINE_BLOCK

@@ -1,11 +1,17 @@
 """benchmarks/serve.py without vLLM: the `upstream` phase's environment leaves
-AIBrix its own EIC connector, with our engine as `eic`; the same-run ratios and table
-cope with the phases a short run leaves out."""
+AIBrix its own EIC connector, with our engine as `eic`; the `type2` and `pd`
+phases start the servers they name, and the PD proxy does a router's two
+requests; the same-run ratios and table cope with the phases a short run
+leaves out."""
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
+import threading
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -24,7 +30,7 @@ def serve():
         spec.loader.exec_module(module)
     finally:
         sys.path[:] = saved_path
-        for name in ("model", "server", "e2e_ttft"):
+        for name in ("model", "server", "e2e_ttft", "pd_proxy"):
             if name not in saved_modules:
                 sys.modules.pop(name, None)
     return module
@@ -90,3 +96,112 @@ def test_ratios_use_pass_two_and_skip_phases_not_run(serve):
     )
     table = serve.table({"results": results, "ratios": ratios})
     assert table.count("\n| eic") == 4 and "l1_on_over_l1_off: 3.00x" in table
+
+
+def _kv_transfer(server) -> dict:
+    return json.loads(server.argv[server.argv.index("--kv-transfer-config") + 1])
+
+
+def test_type2_phase_runs_the_type2_adapter(serve, tmp_path):
+    args = serve.parse_args(["--phases", "type2"])
+    (server,) = serve.phase_servers("type2", tmp_path / "model", tmp_path, args)
+    assert _kv_transfer(server)["kv_connector_module_path"] == "cpu_type2"
+    assert server.env["AIBRIX_KV_CACHE_OL_L2_CACHE_BACKEND"] == "EIC"
+    config = Path(server.env["AIBRIX_KV_CACHE_OL_EIC_CONFIG"]).read_text()
+    assert config.startswith("remote_url: local://serve-type2")
+
+
+def test_pd_phase_starts_a_prefiller_and_a_decoder_on_one_shared_store(serve, tmp_path):
+    args = serve.parse_args(["--phases", "pd"])
+    prefill, decode = serve.phase_servers("pd", tmp_path / "model", tmp_path, args)
+    roles = {s.name: (_kv_transfer(s)["kv_role"], _kv_transfer(s)["engine_id"]) for s in (prefill, decode)}
+    assert roles == {"pd-prefill": ("kv_both", "pd-prefill"), "pd-decode": ("kv_consumer", "pd-decode")}
+    assert {_kv_transfer(s)["kv_connector_module_path"] for s in (prefill, decode)} == {"cpu_pd_reuse"}
+    (config,) = {s.env["AIBRIX_KV_CACHE_OL_EIC_CONFIG"] for s in (prefill, decode)}
+    url = Path(config).read_text().split("remote_url: ", 1)[1].strip()
+    store_dir = Path(url.split("dir=", 1)[1].split("&", 1)[0])
+    assert url.startswith("local://serve-pd?") and store_dir.is_dir()  # made beforehand: no create=1 needed
+    assert prefill.env["PROMETHEUS_MULTIPROC_DIR"] != decode.env["PROMETHEUS_MULTIPROC_DIR"]
+
+
+def test_a_pd_decoder_can_reuse_the_whole_prompt(serve):
+    assert serve.reusable_tokens([1000, 33]) == 992 + 32
+    assert serve.reusable_tokens([1000, 33], pd=True) == 1033
+
+
+def test_pd_ratios_compare_pass_one_with_a_colocated_server(serve):
+    results = {
+        "plain": {"pass1": _pass(4000), "pass2": _pass(4000), "wall_s": 1.0},
+        "pd": {"pass1": _pass(5000), "pass2": _pass(1000), "wall_s": 1.0},
+    }
+    results["pd"]["pass1"]["p50_tpot_ms"] = 0.5
+    ratios = serve.ratios(results)
+    assert ratios == pytest.approx({"pd_over_plain_pass1_ttft": 1.25, "pd_over_plain_pass1_tpot": 0.5})
+
+
+class _Upstream(ThreadingHTTPServer):
+    """A stand-in for a vLLM server: records each body, answers as the
+    prefiller or decoder would (the decoder streams two SSE events)."""
+
+    daemon_threads = True
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+        self.bodies: list[dict] = []
+        upstream = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                upstream.bodies.append(body)
+                if upstream.role == "prefill":
+                    payload = json.dumps({"id": "cmpl-p", "kv_transfer_params": {"do_remote_prefill": True}}).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                for event in (b'data: {"id": "cmpl-d"}\n\n', b"data: [DONE]\n\n"):
+                    self.wfile.write(event)
+                    self.wfile.flush()
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+def test_pd_proxy_prefills_one_token_then_decodes_with_the_returned_params(serve):
+    prefill, decode = _Upstream("prefill"), _Upstream("decode")
+    body = {
+        "model": "m",
+        "prompt": [5, 6, 7],
+        "max_tokens": 9,
+        "min_tokens": 9,
+        "stream": True,
+        "stream_options": {"x": 1},
+    }
+    try:
+        with serve.PDProxy(prefill.url, decode.url) as proxy:
+            request = urllib.request.Request(
+                f"{proxy.url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+            )
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                streamed = reply.read()
+    finally:
+        for upstream in (prefill, decode):
+            upstream.shutdown()
+            upstream.server_close()
+    (to_prefill,) = prefill.bodies
+    assert to_prefill["kv_transfer_params"] == {"do_remote_decode": True}
+    assert to_prefill["max_tokens"] == 1 and to_prefill["stream"] is False
+    assert "stream_options" not in to_prefill and "min_tokens" not in to_prefill
+    (to_decode,) = decode.bodies
+    assert to_decode == dict(body, kv_transfer_params={"do_remote_prefill": True})
+    assert streamed == b'data: {"id": "cmpl-d"}\n\ndata: [DONE]\n\n'
+    assert [step.prefill_id for step in proxy.history] == ["cmpl-p"]

@@ -70,13 +70,27 @@ def _write(path: str, payload: dict) -> None:
     os.replace(tmp, path)
 
 
+POISON = 0x3C  # every fp32 byte-filled with it is 0x3c3c3c3c (0.0115): finite, wrong
+
+
 def _corrupt(store) -> int:
+    if hasattr(store, "_dbs"):  # a shared store: overwrite its LMDB values in one write
+        overwritten = []
+
+        def poison(writer) -> None:
+            values = store._dbs["values"]
+            for db_key, value in list(writer.txn.cursor(db=values)):
+                writer.txn.put(db_key, bytes([POISON]) * len(value), db=values)
+                overwritten.append(db_key)
+
+        store._write(poison)
+        return len(overwritten)
     if not hasattr(store, "_index"):
-        raise TypeError(f"corrupt: only in-process stores, not {type(store).__name__}")
+        raise TypeError(f"corrupt: only in-process and shared stores, not {type(store).__name__}")
     with store._lock:
         values = list(store._index.values())
         for value in values:
-            value.buf[: value.nbytes] = 0x3C  # every fp32 becomes 0x3c3c3c3c (0.0115): finite, wrong
+            value.buf[: value.nbytes] = POISON
     return len(values)
 
 
