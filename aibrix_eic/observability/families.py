@@ -26,6 +26,9 @@ BLOCK_OUTCOMES = {
     "put": ("ok", "error", "fast_fail"),
 }
 # Outcomes of write-behind blocks, and the Counters field that counts each.
+# Batched L1 ingestion (aibrix_compat/ingestion.py): blocks handed to L2, and
+# those of them its puts did not store.
+INGESTION_OUTCOMES = {"sent": "ingestion_blocks", "lost": "ingestion_lost"}
 WRITE_BEHIND_OUTCOMES = {
     "accepted": "write_behind_blocks",
     "lost": "write_behind_lost",
@@ -134,6 +137,16 @@ class _Families:
         )
         self.write_behind_flushes = Counter(
             "aibrix_eic_write_behind_flushes", "Flush rounds the write-behind flusher sent.", LABELS
+        )
+        self.ingestion_blocks = Counter(
+            "aibrix_eic_ingestion_blocks",
+            "Blocks AIBrix's L1 ingestion handed to L2 in batched puts (sent), and those not stored (lost).",
+            (*LABELS, "outcome"),
+        )
+        self.ingestion_puts = Counter(
+            "aibrix_eic_ingestion_puts",
+            "L2Cache.put calls of batched L1 ingestion (one per run of adjacent blocks per L1 call).",
+            LABELS,
         )
         self.registered_bytes = Gauge(
             "aibrix_eic_registered_bytes",

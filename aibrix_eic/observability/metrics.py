@@ -33,6 +33,7 @@ from ..util.teardown import OwnThread
 from .exporter import exporter_port, start_exporter
 from .families import (
     BLOCK_OUTCOMES,
+    INGESTION_OUTCOMES,
     LABELS,
     MULTIPROC_ENV,
     OPS,
@@ -105,6 +106,10 @@ class ConnectorMetrics:
         }
         self._wb_waits = f.write_behind_waits.labels(*labels)
         self._wb_flushes = f.write_behind_flushes.labels(*labels)
+        self._ingestion = {
+            field: f.ingestion_blocks.labels(*labels, outcome) for outcome, field in INGESTION_OUTCOMES.items()
+        }
+        self._ingestion["ingestion_puts"] = f.ingestion_puts.labels(*labels)
         self.pending_bytes: Callable[[], int] | None = None  # read by the sampler
         # Counters fields that map one to one onto a series.
         self._plain = {
@@ -114,6 +119,7 @@ class ConnectorMetrics:
             "write_behind_flushes": self._wb_flushes,
             "gdr_resends": self._gdr_resends,
             **self._wb_blocks,
+            **self._ingestion,
         }
         self._registered = f.registered_bytes.labels(*labels)
         self._breaker_open.set(0)
