@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 _rate_log = RateLimitedLogger(logger)
 
 BATCHED_INGESTION_ENV = "AIBRIX_EIC_BATCHED_INGESTION"
+BATCHED_LOG_LINE = "AIBrix's synchronous L1 ingestion is batched"  # the start-up log; benchmarks/serve.py looks for it
 SUPPORTED_VERSION = "0.8.0"  # the L1 callbacks and manager internals this relies on
 
 # The connectors whose managers get batched ingestion (batch_ingestion adds them).
@@ -106,8 +107,8 @@ def _batching_setter(original: Callable) -> Callable:
         batcher.wrap(l1)
         original(l1, batcher.on_ingest)
         logger.info(
-            "EIC: AIBrix's synchronous L1 ingestion is batched: one L2Cache.put per run of adjacent blocks per "
-            "L1 call (%s=0 turns it off)",
+            "EIC: %s: one L2Cache.put per run of adjacent blocks per L1 call (%s=0 turns it off)",
+            BATCHED_LOG_LINE,
             BATCHED_INGESTION_ENV,
         )
 

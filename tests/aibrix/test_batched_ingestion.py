@@ -5,6 +5,8 @@ each invariant of the batching, and where it must stay out of the way
 aibrix-kvcache version). The side-by-side model against stock AIBrix is in
 test_ingestion_model.py."""
 
+import logging
+
 import numpy as np
 import pytest
 from aibrix_kvcache import TokenListView
@@ -147,6 +149,12 @@ def send_chunk(cache, prompt, start: int, chunk: int, seed: int):
     query = prompt[start : start + chunk]
     handle = cache.allocate_for(prefix, query).get()
     return cache.put(prefix, query, handle)
+
+
+def test_the_start_up_log_says_it_is_batched(build, caplog):
+    with caplog.at_level(logging.INFO, logger=ingestion.__name__):
+        build("HOT")
+    assert ingestion.BATCHED_LOG_LINE in caplog.text and ingestion.BATCHED_INGESTION_ENV in caplog.text
 
 
 def test_opt_out_keeps_aibrix_one_put_per_block(build, monkeypatch):
