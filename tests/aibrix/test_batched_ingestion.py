@@ -6,6 +6,7 @@ aibrix-kvcache version). The side-by-side model against stock AIBrix is in
 test_ingestion_model.py."""
 
 import logging
+import threading
 
 import numpy as np
 import pytest
@@ -224,6 +225,36 @@ def test_a_failed_batched_put_loses_entries_is_counted_and_never_raises(build, h
     cache._l1_cache.delete(None, query)
     assert cache._allocator._used_nbytes == 0
     assert receive(cache, query)[0] == 0, "a miss, never wrong bytes"
+
+
+def test_threads_acquiring_at_once_each_send_their_own_blocks(build):
+    """The manager is multi-threaded (vLLM's main and kv threads): each
+    thread's L1 call collects and sends its own callbacks only."""
+    cache = build("HOT", l1_blocks=64)
+    queries = [tokens(8, seed=20 + i) for i in range(4)]
+    for i, query in enumerate(queries):
+        assert send(cache, query, seed=20 + i).is_ok()
+    start = threading.Barrier(len(queries))
+    errors: list[BaseException] = []
+
+    def reload(query) -> None:
+        try:
+            start.wait(10)
+            assert hot(cache, query) == 8 * BLOCK_NTOKENS
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=reload, args=(query,)) for query in queries]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors
+    assert cache.spy.puts == [8] * 4 and cache.spy.early_releases == 0
+    assert l1_refs(cache) == [1] * 32
+    for i, query in enumerate(queries):
+        cache._l1_cache.delete(None, query)
+        assert receive(cache, query, seed=20 + i) == (8 * BLOCK_NTOKENS, True)
 
 
 def test_a_second_hit_does_not_write_again(build):
