@@ -176,37 +176,41 @@ class IngestionBatcher:
 
     def _send(self, pending: list) -> None:
         """One round trip for every run; each reference dropped once, after
-        the put that reads it ended. Never raises."""
+        the put that reads it ended. Never raises an Exception."""
         runs = group_runs(pending)
-        stored = lost = 0
+        stored = 0
+        manager = self._manager
+        coro = _put_runs(manager, runs)
         try:
-            manager = self._manager
-            future = asyncio.run_coroutine_threadsafe(_put_runs(manager._l2_cache, runs), manager._event_loop)
-        except Exception as e:  # the loop is closed: nothing was sent, nothing reads the regions
-            lost = len(pending)
+            future = asyncio.run_coroutine_threadsafe(coro, manager._event_loop)
+        except Exception as e:  # the loop is closed, or the manager gone: nothing was sent
+            coro.close()
             _log_failure(e)
         else:
             try:
-                stored = future.result()
-            except BaseException as e:  # the coroutine ended (it cannot raise; cancelled by a loop shutdown)
+                stored = future.result()  # _put_runs does not raise; only a cancelled task ends this way
+            except Exception as e:
                 _log_failure(e)
-            lost = len(pending) - stored
-        finally:
-            try:
-                self._manager._release([mr for _, mr in pending])
-            except ReferenceError:  # the manager is gone: drop the references directly
-                for _, mr in pending:
-                    mr.ref_down()
+            # A BaseException (KeyboardInterrupt) propagates without releasing:
+            # the put may still read the regions, so their references leak.
+        regions = [mr for _, mr in pending]
+        try:
+            manager._release(regions)  # as AIBrix's _l2_put_sync releases
+        except ReferenceError:  # the manager is gone: drop the references directly
+            for mr in regions:
+                mr.ref_down()
         if self._counters is not None:
-            self._counters.add(ingestion_puts=len(runs), ingestion_blocks=len(pending), ingestion_lost=lost)
+            self._counters.add(
+                ingestion_puts=len(runs), ingestion_blocks=len(pending), ingestion_lost=len(pending) - stored
+            )
 
 
-async def _put_runs(l2_cache: Any, runs: Sequence[tuple[Any, Any, list]]) -> int:
+async def _put_runs(manager: Any, runs: Sequence[tuple[Any, Any, list]]) -> int:
     """Every run's L2Cache.put, in order; how many blocks were stored."""
     stored = 0
     for prefix, query, mrs in runs:
         try:
-            status = await l2_cache.put(prefix, query, mrs)
+            status = await manager._l2_cache.put(prefix, query, mrs)
         except Exception as e:
             _log_failure(e)
             continue
