@@ -17,7 +17,10 @@ dropped once each, after the put that reads them (the manager's own
 `_release`); regions are sealed by L1 before a callback sees them; the L2
 keys are the ones the per-block puts would have built. Unlike stock, a put
 that fails or raises only loses cache entries (counted in the connector's
-`ingestion_lost`), and the puts run after L1's lock is released. `EVICTED`
+`ingestion_lost`), the puts run after L1's lock is released, and a block
+that the same L1 call evicts is freed after the put instead of during the
+call (so another thread's allocation may see up to one call's blocks more
+in use meanwhile). `EVICTED`
 ingestion (whose release lets L1's allocation retry succeed) and AIBrix's
 asynchronous ingestion (`..._INGESTION_MAX_INFLIGHT_TOKENS` > 0, counted in
 its in-flight quota) are left alone. Opt out with
