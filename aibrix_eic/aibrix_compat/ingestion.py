@@ -32,6 +32,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
@@ -40,11 +41,11 @@ from typing import Any
 from aibrix_kvcache.cache_hashable import BlockHashes, TokenListView
 from aibrix_kvcache.status import Status
 
-from ..observability.logs import RateLimitedLogger
 from ..util.flags import env_flag
 
 logger = logging.getLogger(__name__)
-_rate_log = RateLimitedLogger(logger)
+LOG_INTERVAL_S = 10.0  # at most one failure warning per interval
+_last_log = [-LOG_INTERVAL_S]
 
 BATCHED_INGESTION_ENV = "AIBRIX_EIC_BATCHED_INGESTION"
 BATCHED_LOG_LINE = "AIBrix's synchronous L1 ingestion is batched"  # the start-up log; benchmarks/serve.py looks for it
@@ -225,9 +226,10 @@ async def _put_runs(manager: Any, runs: Sequence[tuple[Any, Any, list]]) -> int:
 
 
 def _log_failure(what: object) -> None:
-    _rate_log.log(
-        "ingestion", logging.WARNING, "EIC: a batched L1 ingestion put failed; its blocks are not in L2: %s", what
-    )
+    now = time.monotonic()
+    if now - _last_log[0] >= LOG_INTERVAL_S:  # a race only costs a second line
+        _last_log[0] = now
+        logger.warning("EIC: a batched L1 ingestion put failed; its blocks are not in L2: %s", what)
 
 
 def group_runs(pending: Sequence[tuple[Any, Any]]) -> list[tuple[Any, Any, list]]:
