@@ -12,6 +12,7 @@ import torch
 from aibrix_kvcache.l2.connectors import Connector, ConnectorFeature
 from aibrix_kvcache.status import Status, StatusCodes
 
+from .aibrix_compat.ingestion import batch_ingestion
 from .aibrix_compat.timeouts import order_timeouts
 from .config import ConfigError, EICConfig, warn_about_env
 from .keys.codec import KeyCodec
@@ -93,6 +94,7 @@ class ConnectorLifecycle(Connector[bytes, torch.Tensor]):
             error = e
         connector = cls(config, conn_id, executor, config_error=error)
         order_timeouts(connector)  # AIBrix's cache manager is loaded: it is building us
+        batch_ingestion(connector, connector._counters)  # before it registers its L1 callbacks
         return connector
 
     # ---------------------------------------------------------- properties

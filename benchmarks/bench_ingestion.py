@@ -4,16 +4,20 @@ BaseKVCacheManager, with its controls in one run:
 - l1only: L1 alone, no L2 backend (what the manager costs without L2);
 - mock: L1 + AIBrix's own in-memory MOCK backend with mput/mget (the floor:
   AIBrix's cost of handing blocks to any L2 connector, plus one copy each);
-- write_behind (ours, the default), direct (ours, one SDK call per put);
+- write_behind (ours, the default), direct (ours, one SDK call per put),
+  both with batched L1 ingestion (aibrix_eic.aibrix_compat.ingestion, on by
+  default); write_behind_stock and direct_stock: the same with
+  AIBRIX_EIC_BATCHED_INGESTION=0, i.e. AIBrix's one L2Cache.put per block;
 - upstream (aibrix-kvcache's own EICConnector) and noop (a connector that
   answers at once) on request (--who).
 
     python benchmarks/bench_ingestion.py [--repeats 5] [--json out.json]
         [--who ...] [--ingestion HOT ALL] [--modes sync async] [--rtt 0 1]
 
-With L1 on, L2 gets one block per L2Cache.put from L1's ingestion callback:
-with ALL inside put() (every block L1 takes), with HOT inside acquire() (a
-block's first L1 hit). Scenarios (64 KiB blocks unless said otherwise; engine
+With L1 on, L2 gets its blocks from L1's ingestion callback: with ALL inside
+put() (every block L1 takes), with HOT inside acquire() (a block's first L1
+hit); stock AIBrix makes one L2Cache.put per block (MOCK, *_stock), batched
+ingestion one per run of adjacent blocks of each L1 call (ours). Scenarios (64 KiB blocks unless said otherwise; engine
 latency per SDK call):
 - write: 64 blocks put() into L1, then acquire()d once (the L1 hit of a
   reload; with HOT this is when they are written to L2), sync
@@ -49,6 +53,7 @@ from aibrix_kvcache import BaseKVCacheManager, KVCacheConfig, TokenListView  # n
 from aibrix_kvcache.spec import KVCacheBlockLayout, KVCacheBlockSpec, KVCacheTensorSpec, ModelSpec  # noqa: E402
 
 import aibrix_eic  # noqa: E402
+from aibrix_eic.aibrix_compat.ingestion import BATCHED_INGESTION_ENV  # noqa: E402
 from aibrix_eic.aibrix_compat.upstream import load_upstream_connector_class  # noqa: E402
 from aibrix_eic.cli.runtime import scoped_env  # noqa: E402
 from aibrix_eic.config import ENV_CONFIG, ENV_CONFIG_UPSTREAM  # noqa: E402
@@ -63,9 +68,10 @@ BLOCK_NTOKENS = 16
 NBLOCKS = 64
 POLL_S = 250e-6
 FLOOR = "mock"
-OURS = ("write_behind", "direct")
+STOCK = "_stock"  # ours with AIBRIX_EIC_BATCHED_INGESTION=0
+OURS = ("write_behind", "direct", "write_behind" + STOCK, "direct" + STOCK)
 WHO = ("l1only", FLOOR, *OURS, "upstream", "noop")
-DEFAULT_WHO = ("l1only", FLOOR, *OURS)
+DEFAULT_WHO = ("l1only", FLOOR, "write_behind", "write_behind" + STOCK, "direct")
 MODES = {"sync": 0, "async": 65536}
 BLOCKS = {"64KiB": (8, 1), "2MiB": (32, 8)}  # (layers, heads) with head size 128, bf16
 AIBRIX_ENV = (
@@ -75,6 +81,7 @@ AIBRIX_ENV = (
     "AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_TYPE",
     "AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_MAX_INFLIGHT_TOKENS",
     "AIBRIX_KV_CACHE_OL_MOCK_USE_MPUT_MGET",
+    BATCHED_INGESTION_ENV,
 )
 
 
@@ -150,8 +157,15 @@ class Runs:
         elif who == "l1only":
             env["AIBRIX_KV_CACHE_OL_L2_CACHE_BACKEND"] = ""
         else:
-            config = {"remote_url": f"local://{store}?{params}", "put_mode": who, "warmup_keys": 0, "model_id": "bench"}
+            put_mode = who.removesuffix(STOCK)
+            config = {
+                "remote_url": f"local://{store}?{params}",
+                "put_mode": put_mode,
+                "warmup_keys": 0,
+                "model_id": "bench",
+            }
             env[ENV_CONFIG] = write_yaml(self.directory, f"{store}.yaml", config)
+            env[BATCHED_INGESTION_ENV] = "0" if who.endswith(STOCK) else "1"
         # AIBRIX_ENV is restored too: env may set some of it for this manager.
         scoped = {name: os.environ.get(name) for name in AIBRIX_ENV} | {ENV_CONFIG: None, ENV_CONFIG_UPSTREAM: None}
         with scoped_env(scoped | env), backend:
@@ -173,6 +187,9 @@ class Runs:
             cache.store = get_store(store)
         try:
             yield cache
+            if who in OURS and inflight == 0:  # the rows are what they say: batched or stock
+                batched_puts = cache._l2_cache._backend.health()["ingestion_puts"]
+                assert (batched_puts > 0) == (not who.endswith(STOCK)), (who, batched_puts)
         finally:
             cache.close()
             if who in (*OURS, "upstream"):  # its bytes must not weigh on later runs
@@ -207,7 +224,7 @@ def wait_in_store(store, count: int, timeout_s: float = 30.0) -> float:
 def settle(cache, who: str) -> None:
     """No write of an earlier step still running: AIBrix's async ones, ours."""
     cache.flush()
-    if who == "write_behind":
+    if who.startswith("write_behind"):
         assert cache._l2_cache._backend.write_behind.wait_idle(30)
 
 
@@ -320,7 +337,7 @@ def step(runs: Runs, who: str, latency_ms: float, repeats: int, block: str = "64
                     status.get()[1].release()
             if r:
                 times.append(time.perf_counter() - started)
-            if who == "write_behind":
+            if who.startswith("write_behind"):
                 cache._l2_cache._backend.write_behind.wait_idle(30)  # no backlog into the next request
     return statistics.median(times) * 1e3
 

@@ -48,13 +48,15 @@ INGESTION_TYPE = "AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_TYPE"
 MAX_INFLIGHT_TOKENS = "AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_MAX_INFLIGHT_TOKENS"
 
 
-def ingestion_advice(put_mode: str) -> str:
+def ingestion_advice(put_mode: str, batched: bool = False) -> str:
     """What to change when AIBrix, as configured in this environment, would
-    write L2 synchronously behind L1 with a put that waits for EIC: each
-    block L1 ingests is then one EIC round trip inside the engine's put or
-    acquire (with HOT, the default, inside the reload). Empty otherwise: with
-    put_mode write_behind a put returns at once, and asynchronous ingestion
-    gained it 1.0-2.0x against 1.9-7.7x for direct (docs/performance.md)."""
+    write L2 synchronously behind L1 with a put that waits for EIC: the
+    blocks L1 ingests then wait for EIC round trips inside the engine's put
+    or acquire (with HOT, the default, inside the reload): one per L1 call
+    with batched ingestion (aibrix_compat/ingestion.py), one per block
+    without. Empty otherwise: with put_mode write_behind a put returns at
+    once, and asynchronous ingestion gained it 1.0-2.0x against 1.9-7.7x for
+    direct (docs/performance.md)."""
     from aibrix_kvcache import envs
 
     if (
@@ -64,8 +66,10 @@ def ingestion_advice(put_mode: str) -> str:
         return ""
     if put_mode == "write_behind":
         return ""
+    batched = batched and envs.AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_TYPE != "EVICTED"  # never batched
+    per = "every L1 acquire or put that ingests blocks" if batched else "every block L1 ingests"
     return (
-        f"{L1_ENABLED} is on, {MAX_INFLIGHT_TOKENS}=0 and put_mode is {put_mode}: every block L1 ingests "
+        f"{L1_ENABLED} is on, {MAX_INFLIGHT_TOKENS}=0 and put_mode is {put_mode}: {per} "
         f"({INGESTION_TYPE}={envs.AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_TYPE}) waits for an EIC round trip inside "
         f"the request ({docs_url('vllm.md', 'l1-on-synchronous-ingestion')}); use put_mode write_behind, or set "
         f"{MAX_INFLIGHT_TOKENS} to at least 2x vLLM's max_num_batched_tokens (that many tokens of extra host "

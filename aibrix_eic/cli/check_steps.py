@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..aibrix_compat.ingestion import state as ingestion_state
 from ..config import ConfigError, EICConfig, config_path_from_env, node_problems, warn_about_env
 from ..link.sdk import load_sdk_module
 from ..util.units import format_size
@@ -142,13 +143,18 @@ class CheckSteps:
         return PASS, detail
 
     def check_ingestion(self) -> tuple[str, str]:
-        """AIBrix's L1 ingestion as this environment sets it: synchronous
-        writes behind L1 that wait for EIC cost every request its round
-        trips (a warning, not a failure)."""
-        advice = ingestion_advice(self.cfg.put_mode)
+        """AIBrix's L1 ingestion as this environment sets it: whether our
+        batching of its synchronous ingestion is on, and whether synchronous
+        writes behind L1 wait for EIC inside every request (a warning, not a
+        failure)."""
+        batched, why = ingestion_state()
+        batching = f"batched L1 ingestion {why}"
+        advice = ingestion_advice(self.cfg.put_mode, batched)
         if advice:
-            return WARN, advice
-        return PASS, f"L1 off, L1 ingestion asynchronous, or put_mode {self.cfg.put_mode} (a put returns at once)"
+            return WARN, f"{advice}; {batching}"
+        return PASS, (
+            f"L1 off, L1 ingestion asynchronous, or put_mode {self.cfg.put_mode} (a put returns at once); {batching}"
+        )
 
     def check_sdk(self) -> tuple[str, str]:
         try:

@@ -34,6 +34,11 @@ class Counters:
         "write_behind_flushes",
         "write_behind_lost",
         "write_behind_served",
+        # batched L1 ingestion (aibrix_compat/ingestion.py): L2Cache.put calls,
+        # blocks handed over, blocks of them not stored
+        "ingestion_puts",
+        "ingestion_blocks",
+        "ingestion_lost",
     )
 
     def __init__(self, metrics: "ConnectorMetrics | NoMetrics" = NO_METRICS) -> None:

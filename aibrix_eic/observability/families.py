@@ -26,6 +26,9 @@ BLOCK_OUTCOMES = {
     "put": ("ok", "error", "fast_fail"),
 }
 # Outcomes of write-behind blocks, and the Counters field that counts each.
+# Batched L1 ingestion (aibrix_compat/ingestion.py): blocks handed to L2, and
+# those of them its puts did not store.
+INGESTION_OUTCOMES = {"sent": "ingestion_blocks", "lost": "ingestion_lost"}
 WRITE_BEHIND_OUTCOMES = {
     "accepted": "write_behind_blocks",
     "lost": "write_behind_lost",
@@ -154,6 +157,16 @@ class _Families:
         self.store_evictions = Counter(
             "aibrix_eic_store_evictions",
             "Values the store evicted to make room, by this process (the embedded engine only).",
+            LABELS,
+        )
+        self.ingestion_blocks = Counter(
+            "aibrix_eic_ingestion_blocks",
+            "Blocks AIBrix's L1 ingestion handed to L2 in batched puts (sent), and those not stored (lost).",
+            (*LABELS, "outcome"),
+        )
+        self.ingestion_puts = Counter(
+            "aibrix_eic_ingestion_puts",
+            "L2Cache.put calls of batched L1 ingestion (one per run of adjacent blocks per L1 call).",
             LABELS,
         )
         self.registered_bytes = Gauge(

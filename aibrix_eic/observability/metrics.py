@@ -35,6 +35,7 @@ from ..util.teardown import OwnThread
 from .exporter import LOOPBACK, exporter_port, start_exporter
 from .families import (
     BLOCK_OUTCOMES,
+    INGESTION_OUTCOMES,
     LABELS,
     MULTIPROC_ENV,
     OPS,
@@ -116,6 +117,10 @@ class ConnectorMetrics:
         }
         self._wb_waits = f.write_behind_waits.labels(*labels)
         self._wb_flushes = f.write_behind_flushes.labels(*labels)
+        self._ingestion = {
+            field: f.ingestion_blocks.labels(*labels, outcome) for outcome, field in INGESTION_OUTCOMES.items()
+        }
+        self._ingestion["ingestion_puts"] = f.ingestion_puts.labels(*labels)
         self.pending_bytes: Callable[[], int] | None = None  # read by the sampler
         self.store_usage: Callable[[], StoreUsage | None] | None = None  # read by the sampler
         self._store_series: tuple[Any, Any, Any] | None = None  # bound at the first reading
@@ -128,6 +133,7 @@ class ConnectorMetrics:
             "write_behind_flushes": self._wb_flushes,
             "gdr_resends": self._gdr_resends,
             **self._wb_blocks,
+            **self._ingestion,
         }
         self._registered = f.registered_bytes.labels(*labels)
         self._breaker_open.set(0)

@@ -447,3 +447,24 @@ def test_a_block_size_of_zero_is_refused_not_read_as_the_default(capsys, size):
         main(["check", "--block-size", size])
     assert info.value.code == 2
     assert "expected a size > 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, said", [(None, "batched L1 ingestion on"), ("0", "AIBRIX_EIC_BATCHED_INGESTION=0")])
+def test_the_ingestion_step_says_whether_l1_ingestion_is_batched(capsys, monkeypatch, tmp_path, flag, said):
+    if flag is None:
+        monkeypatch.delenv("AIBRIX_EIC_BATCHED_INGESTION", raising=False)
+    else:
+        monkeypatch.setenv("AIBRIX_EIC_BATCHED_INGESTION", flag)
+    code, out = run_check(capsys, "--config", config_file(tmp_path, put_mode="write_behind"))
+    assert code == 0 and verdict_of(out, "ingestion") == "PASS", out
+    line = next(line for line in out.splitlines() if line.split()[1:2] == ["ingestion"])
+    assert said in line, line
+    assert ("batched L1 ingestion off" in line) == (flag == "0"), line
+
+
+def test_a_direct_put_behind_batched_ingestion_is_warned_per_l1_call(capsys, monkeypatch, tmp_path):
+    monkeypatch.delenv("AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_MAX_INFLIGHT_TOKENS")
+    monkeypatch.setenv("AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED", "1")
+    code, out = run_check(capsys, "--config", config_file(tmp_path, put_mode="direct"))
+    assert code == 0 and verdict_of(out, "ingestion") == "WARN", out
+    assert "every L1 acquire or put that ingests blocks" in out and "batched L1 ingestion on" in out

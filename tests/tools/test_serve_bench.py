@@ -205,3 +205,54 @@ def test_pd_proxy_prefills_one_token_then_decodes_with_the_returned_params(serve
     assert to_decode == dict(body, kv_transfer_params={"do_remote_prefill": True})
     assert streamed == b'data: {"id": "cmpl-d"}\n\ndata: [DONE]\n\n'
     assert [step.prefill_id for step in proxy.history] == ["cmpl-p"]
+
+
+def test_the_default_phases_run_batched_and_stock_l1_ingestion_side_by_side(serve, tmp_path):
+    from aibrix_eic.aibrix_compat import ingestion
+
+    args = serve.parse_args(["--l1-gb", "1.5"])
+    assert {"eic", "eic-default", "eic-default-stock", "vllm-prefix"} <= set(args.phases)
+    batched = serve.phase_server("eic-default", tmp_path, tmp_path, args).env
+    stock = serve.phase_server("eic-default-stock", tmp_path, tmp_path, args).env
+    l1_off = serve.phase_server("eic", tmp_path, tmp_path, args).env
+    for env in (batched, stock):
+        assert env["AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED"] == "1"
+        assert env["AIBRIX_KV_CACHE_OL_L1_CACHE_CAPACITY_GB"] == "1.5"
+        assert "AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_TYPE" not in env  # AIBrix's default, HOT
+    assert batched[ingestion.BATCHED_INGESTION_ENV] == "1" and stock[ingestion.BATCHED_INGESTION_ENV] == "0"
+    assert serve.BATCHED_INGESTION_ENV == ingestion.BATCHED_INGESTION_ENV
+    assert l1_off["AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED"] == "0"
+    assert ingestion.BATCHED_INGESTION_ENV not in l1_off
+
+
+def test_the_batched_ingestion_log_line_is_the_one_the_connector_writes(serve, tmp_path):
+    """The script reads the server's log for ingestion.py's start-up line
+    (tests/aibrix/test_batched_ingestion.py checks a manager logs it)."""
+    from aibrix_eic.aibrix_compat import ingestion
+
+    assert serve.BATCHED_LOG_LINE == ingestion.BATCHED_LOG_LINE
+    log = tmp_path / "server.log"
+    log.write_text(f"INFO 12-03 [ingestion.py:109] EIC: {ingestion.BATCHED_LOG_LINE}: one L2Cache.put ...\n")
+    assert serve.batched_ingestion_logged(log)
+    log.write_text("nothing about ingestion")
+    assert not serve.batched_ingestion_logged(log)
+    assert not serve.batched_ingestion_logged(tmp_path / "missing.log")
+
+
+def test_goals_need_both_phases_and_are_judged_per_run(serve):
+    results = {
+        "eic": {"pass1": _pass(9000), "pass2": _pass(600), "wall_s": 1.0},
+        "eic-default": {"pass1": _pass(9000), "pass2": _pass(540), "wall_s": 1.0, "batched_ingestion": True},
+        "eic-default-stock": {"pass1": _pass(9000), "pass2": _pass(1200), "wall_s": 1.0, "batched_ingestion": False},
+        "l1-only": {"pass1": _pass(9000), "pass2": _pass(400), "wall_s": 1.0},
+    }
+    ratios = serve.ratios(results)
+    assert ratios["l1_on_over_l1_off"] == pytest.approx(0.9)
+    assert ratios["eic_default_over_l1_only"] == pytest.approx(1.35)
+    assert ratios["batched_over_stock_ingestion"] == pytest.approx(0.45)
+    assert ratios["stock_l1_on_over_l1_off"] == pytest.approx(2.0)
+    assert serve.goals(ratios) == {"l1_on_over_l1_off": True, "eic_default_over_l1_only": False}
+    assert serve.goals({"l1_on_over_l1_off": 1.01}) == {"l1_on_over_l1_off": False}
+    table = serve.table({"results": results, "ratios": ratios})
+    assert "goal eic_default_over_l1_only <= 1.3x: MISSED" in table
+    assert "eic-default yes, eic-default-stock no" in table
