@@ -303,10 +303,15 @@ def _fenced_blocks(markdown: str) -> list[str]:
 
 def test_the_readme_and_docs_start_vllm_with_a_shutdown_timeout():
     for page in (REPO / "README.md", REPO / "docs" / "vllm.md"):
-        commands = [block for block in _fenced_blocks(page.read_text()) if "vllm serve" in block]
+        # each command: a `vllm serve` line and its continuation lines (a block may start several servers)
+        commands = [
+            "vllm serve" + command.split("\n\n", 1)[0].split("\n#", 1)[0]
+            for block in _fenced_blocks(page.read_text())
+            for command in re.split(r"^\s*vllm serve", block, flags=re.M)[1:]
+        ]
         assert commands, f"{page.name}: no vllm serve example"
-        for block in commands:
-            assert _shutdown_timeout_s(block, page.name) * 1000 > EICConfig().write_behind_close_timeout_ms
+        for command in commands:
+            assert _shutdown_timeout_s(command, page.name) * 1000 > EICConfig().write_behind_close_timeout_ms
 
 
 @pytest.mark.parametrize("name,objects", all_manifests(), ids=lambda v: v if isinstance(v, str) else "")
