@@ -13,7 +13,8 @@ loaded the embedded engine (it never imports it) does, every 0.2 s:
   `done-<name>-<pid>.json`. Commands act on the store the way a remote
   cluster's state would change under the server: {"params": "fail_rate=0.2"}
   re-applies engine endpoint parameters (docs/engine.md), {"corrupt": true}
-  overwrites every stored value's bytes, {"clear": true} drops all values.
+  overwrites every stored value's bytes (in a shared store with a matching
+  checksum, so reads serve the wrong bytes rather than a miss), {"clear": true} drops all values.
 
 With E2E_PROBE_AT_START='{"store": NAME, "params": "unreachable=true"}', the
 store is created with those parameters as soon as the engine is imported,
@@ -75,12 +76,21 @@ POISON = 0x3C  # every fp32 byte-filled with it is 0x3c3c3c3c (0.0115): finite, 
 
 def _corrupt(store) -> int:
     if hasattr(store, "_dbs"):  # a shared store: overwrite its LMDB values in one write
+        from aibrix_eic.engine.shared_records import META, sampled_checksum
+
         overwritten = []
 
         def poison(writer) -> None:
-            values = store._dbs["values"]
+            values, metas = store._dbs["values"], store._dbs["meta"]
             for db_key, value in list(writer.txn.cursor(db=values)):
-                writer.txn.put(db_key, bytes([POISON]) * len(value), db=values)
+                poisoned = bytes([POISON]) * len(value)
+                writer.txn.put(db_key, poisoned, db=values)
+                # the checksum follows the value, so a read serves wrong KV instead of a miss for damage
+                meta = writer.txn.get(db_key, db=metas)
+                if meta is not None:
+                    seq, expires_at, nbytes, _ = META.unpack_from(meta)
+                    record = META.pack(seq, expires_at, nbytes, sampled_checksum(poisoned)) + bytes(meta[META.size :])
+                    writer.txn.put(db_key, record, db=metas)
                 overwritten.append(db_key)
 
         store._write(poison)
