@@ -17,7 +17,7 @@ def install() -> None:
     _install()
 
 
-def health() -> list[dict]:
+def health() -> list[dict[str, object]]:  # no typing import: this module stays cheap
     """`health()` of every EIC connector alive in this process (one per TP
     rank in a vLLM worker): the counters and breaker state that the
     `aibrix_eic_*` metrics also export. docs/operations.md lists the fields."""

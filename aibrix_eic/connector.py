@@ -91,7 +91,7 @@ def never_raises(op: str) -> Callable[[Callable[..., Awaitable[Any]]], Callable[
 class EICConnector(ConnectorLifecycle):
     """AIBrix L2 connector for EIC (or the embedded engine)."""
 
-    def _note_reuse(self, args: tuple, result: Any, seconds: float) -> None:
+    def _note_reuse(self, args: tuple[Any, ...], result: Any, seconds: float) -> None:
         """A get request's reuse line (observability/reuse.py)."""
         if isinstance(result, Status) or len(args) < 2 or not result:
             return  # refused before it was a request

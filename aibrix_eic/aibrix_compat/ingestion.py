@@ -100,8 +100,12 @@ def batch_ingestion(connector: object, counters: Any = None, environ: Mapping[st
     return True
 
 
-def _batching_setter(original: Callable) -> Callable:
-    def set_callback(l1: Any, functor: Callable) -> None:
+# L1Cache.set_on_*_callback(l1, functor); functor(key, mr) -> Status.
+Setter = Callable[[Any, Callable[[Any, Any], Status]], None]
+
+
+def _batching_setter(original: Setter) -> Setter:
+    def set_callback(l1: Any, functor: Callable[[Any, Any], Status]) -> None:
         manager = getattr(functor, "__self__", None)
         backend = _our_backend(manager)
         if backend is None or getattr(manager, "_l2_inflight_quota", 1) != 0:
@@ -135,14 +139,14 @@ def _our_backend(manager: object) -> object | None:
 
 
 class _Scope(threading.local):
-    pending: list | None = None
+    pending: list[tuple[Any, Any]] | None = None  # (key, mr) per callback
 
 
 class IngestionBatcher:
     """One manager's L1 ingestion: collects the callbacks of one L1 call on
     its thread, then hands them to L2."""
 
-    def __init__(self, manager: Any, stock_callback: Callable, counters: Any) -> None:
+    def __init__(self, manager: Any, stock_callback: Callable[[Any, Any], Status], counters: Any) -> None:
         self._manager = weakref.proxy(manager)  # the manager owns L1, which owns us
         self._stock = stock_callback
         self._counters = counters
@@ -153,12 +157,12 @@ class IngestionBatcher:
         for name in ("acquire", "put"):
             setattr(l1, name, self._scoped(getattr(l1, name)))
 
-    def _scoped(self, method: Callable) -> Callable:
+    def _scoped(self, method: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
             scope = self._scope
             if scope.pending is not None:  # re-entered: the outer call sends
                 return method(*args, **kwargs)
-            pending: list = []
+            pending: list[tuple[Any, Any]] = []
             scope.pending = pending
             try:
                 return method(*args, **kwargs)
@@ -178,7 +182,7 @@ class IngestionBatcher:
         pending.append((key, mr))
         return Status.ok(len(key.query))
 
-    def _send(self, pending: list) -> None:
+    def _send(self, pending: list[tuple[Any, Any]]) -> None:
         """One round trip for every run; each reference dropped once, after
         the put that reads it ended. Never raises an Exception."""
         runs = group_runs(pending)
@@ -209,7 +213,7 @@ class IngestionBatcher:
             )
 
 
-async def _put_runs(manager: Any, runs: Sequence[tuple[Any, Any, list]]) -> int:
+async def _put_runs(manager: Any, runs: Sequence[tuple[Any, Any, list[Any]]]) -> int:
     """Every run's L2Cache.put, in order; how many blocks were stored."""
     stored = 0
     for prefix, query, mrs in runs:
@@ -232,11 +236,11 @@ def _log_failure(what: object) -> None:
         logger.warning("EIC: a batched L1 ingestion put failed; its blocks are not in L2: %s", what)
 
 
-def group_runs(pending: Sequence[tuple[Any, Any]]) -> list[tuple[Any, Any, list]]:
+def group_runs(pending: Sequence[tuple[Any, Any]]) -> list[tuple[Any, Any, list[Any]]]:
     """(prefix, query, regions) per run of consecutive callbacks whose keys
     are adjacent blocks of one token sequence: L2Cache.put builds from them
     the same keys as from each block's own (prefix, query)."""
-    runs: list[tuple[Any, list, list]] = []  # (first key, queries, regions)
+    runs: list[tuple[Any, list[Any], list[Any]]] = []  # (first key, queries, regions)
     for key, mr in pending:
         if runs and _follows(runs[-1][0], runs[-1][1], key):
             runs[-1][1].append(key.query)
@@ -246,7 +250,7 @@ def group_runs(pending: Sequence[tuple[Any, Any]]) -> list[tuple[Any, Any, list]
     return [(first.prefix, _joined(queries), mrs) for first, queries, mrs in runs]
 
 
-def _follows(first: Any, queries: list, key: Any) -> bool:
+def _follows(first: Any, queries: list[Any], key: Any) -> bool:
     """Whether key is the block right after queries[-1] in the sequence
     whose prefix is first's."""
     prefix, query, last = key.prefix, key.query, queries[-1]
@@ -271,7 +275,7 @@ def _follows(first: Any, queries: list, key: Any) -> bool:
     return False
 
 
-def _joined(queries: list) -> Any:
+def _joined(queries: list[Any]) -> Any:
     if len(queries) == 1:
         return queries[0]
     if type(queries[0]) is TokenListView:

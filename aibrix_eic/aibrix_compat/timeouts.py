@@ -67,7 +67,7 @@ class _OrderedTimeoutFuture:
 
     __slots__ = ("_future", "_guard")
 
-    def __init__(self, future: Future, guard: RequestGuard) -> None:
+    def __init__(self, future: Future[Any], guard: RequestGuard) -> None:
         self._future = future
         self._guard = guard
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import torch
 
@@ -26,6 +26,9 @@ from ..config import ENV_CONFIG, EICConfig, config_path_from_env
 from .check_namespace import NamespaceSteps
 from .check_steps import FAIL, PASS, SKIP, WARN, StepFailed
 from .check_ttl import TtlSteps
+
+if TYPE_CHECKING:
+    from aibrix_kvcache.memory import MemoryRegion
 
 
 @dataclass
@@ -94,7 +97,7 @@ class Checker(TtlSteps, NamespaceSteps):
         self.loop = asyncio.new_event_loop()
         self.executor = ThreadPoolExecutor(2, thread_name_prefix="aibrix_eic_check")
         self.key = b""
-        self.regions: list = []
+        self.regions: list[MemoryRegion] = []
         self.payload: torch.Tensor | None = None
         self.cleanup_keys: set[bytes] = set()
 

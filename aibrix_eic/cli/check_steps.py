@@ -20,6 +20,7 @@ from .check_advice import ingestion_advice
 from .check_advice import what_to_fix as _advice
 
 if TYPE_CHECKING:
+    from aibrix_kvcache.memory import MemoryRegion
     from aibrix_kvcache.status import Status
 
     from ..connector import EICConnector
@@ -92,7 +93,7 @@ class CheckSteps:
     module: ModuleType | None
     connector: "EICConnector | None"
     key: bytes
-    regions: list
+    regions: list["MemoryRegion"]
     payload: torch.Tensor | None
     cleanup_keys: set[bytes]
     executor: ThreadPoolExecutor

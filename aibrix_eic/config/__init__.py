@@ -121,8 +121,8 @@ class EICConfig:
         return cls._build(config_file.values, path, config_file.lines, problems, node_checks)
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any], source: str = DEFAULT_SOURCE) -> "EICConfig":
-        """Validate a mapping (already parsed YAML)."""
+    def from_mapping(cls, data: Mapping[Any, Any], source: str = DEFAULT_SOURCE) -> "EICConfig":
+        """Validate a mapping (already parsed YAML, whose keys need not be names)."""
         return cls._build(data, source, {}, [], node_checks=True)
 
     @classmethod
@@ -136,7 +136,7 @@ class EICConfig:
     @classmethod
     def _build(
         cls,
-        data: Mapping[str, Any],
+        data: Mapping[Any, Any],  # keys unchecked: _build refuses those that are not names
         source: str,
         lines: Mapping[str, int],
         problems: list[Problem],
@@ -145,10 +145,11 @@ class EICConfig:
         """Check every key, then the keys together; raise all problems at once."""
         values: dict[str, Any] = {}
         for key, raw in data.items():
-            line = lines.get(key)
             if not isinstance(key, str):
                 problems.append(Problem(repr(key), "keys must be names", "write the key as a name, such as eic_kv_ns"))
-            elif key not in KEY_CHECKS:
+                continue
+            line = lines.get(key)
+            if key not in KEY_CHECKS:
                 problems.append(_unknown_key(key, line))
             else:
                 try:

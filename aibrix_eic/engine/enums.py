@@ -8,6 +8,7 @@ them keeps the surface compatible while making failures diagnosable.
 """
 
 import enum
+from collections.abc import Sequence
 
 
 class _PybindStyleEnum(enum.Enum):
@@ -85,7 +86,7 @@ class MemoryType(_PybindStyleEnum):
     MEMORY_CUDA = 1
 
 
-def overall_status(codes: list) -> StatusCode:
+def overall_status(codes: Sequence[StatusCode]) -> StatusCode:
     """The call-level status for a list of per-key codes.
 
     SUCCESS when every key succeeded, FAILED when none did, else

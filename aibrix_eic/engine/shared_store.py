@@ -272,7 +272,7 @@ class SharedStore:
             return
         self._reserved = end
 
-    def _tree_stats(self, txn: Any) -> list[dict]:
+    def _tree_stats(self, txn: Any) -> list[dict[str, int]]:
         return [txn.stat(db) for db in self._dbs.values()] + [self._env.stat()]
 
     def _capacity_within(self, capacity: int) -> int:
@@ -318,8 +318,7 @@ class SharedStore:
         recorded), once no transaction of this process is open."""
         with self._active_changed:
             if self._remapping:  # another thread is adopting it
-                while self._remapping:
-                    self._active_changed.wait()
+                self._active_changed.wait_for(lambda: not self._remapping)
                 return
             self._remapping = True
             try:

@@ -43,7 +43,8 @@ class StoreBuffers:
     _live_bytes: int
 
     def _recycle_unsafe(self, value: _Value) -> None:
-        buf = value.buf
+        # None once released (clear(), eviction): a second recycle is a no-op.
+        buf: np.ndarray | None = value.buf
         value.buf = None  # type: ignore[assignment]
         if buf is None:
             return

@@ -28,7 +28,7 @@ from .store_api import StoreApi
 from .typed import Field, Struct
 
 
-class StringVector(list):
+class StringVector(list[str]):
     """A list of str keys (pybind11 `std::vector<std::string>` stand-in)."""
 
     def __init__(self, keys: Iterable[str] = ()) -> None:

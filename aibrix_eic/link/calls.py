@@ -19,7 +19,7 @@ from ..observability.logs import RateLimitedLogger
 from ..observability.metrics import ConnectorMetrics, NoMetrics
 from .pool import GET_PRIORITY, PUT_PRIORITY, PriorityThreadPool
 from .resilience import CircuitBreaker, Deadline, ExponentialBackoff
-from .sdk import FAIL, MISS, CallResult, Outcome, SdkClient
+from .sdk import FAIL, MISS, CallResult, Outcome, SdkBuffer, SdkClient
 
 if TYPE_CHECKING:
     from .link import Session
@@ -37,7 +37,7 @@ def failed(outcomes: list[Outcome]) -> list[int]:
     return [i for i, outcome in enumerate(outcomes) if outcome == FAIL]
 
 
-SdkCall = Callable[[SdkClient, list[str], list], CallResult]
+SdkCall = Callable[[SdkClient, list[str], list[SdkBuffer]], CallResult]
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,9 @@ class LinkCalls:
         self.observe(result)
         return result
 
-    def send(self, op: Operation, client: SdkClient, keys: list[str], buffers: list, deadline: Deadline) -> CallResult:
+    def send(
+        self, op: Operation, client: SdkClient, keys: list[str], buffers: list[SdkBuffer], deadline: Deadline
+    ) -> CallResult:
         """One SDK call of `op`, then its failed keys (never misses) again
         while the retry budget, the deadline and the breaker allow; one
         outcome per key. Never raises: a bug fails every key. A registered
@@ -127,7 +129,7 @@ class LinkCalls:
             return CallResult([FAIL] * len(keys), True, f"internal error {e!r}")
 
     def _send_with_retries(
-        self, op: Operation, client: SdkClient, keys: list[str], buffers: list, deadline: Deadline
+        self, op: Operation, client: SdkClient, keys: list[str], buffers: list[SdkBuffer], deadline: Deadline
     ) -> CallResult:
         result = self.call(op.name, op.call, client, keys, buffers)
         if result.gdr_refused and op.resend_unregistered:
@@ -156,7 +158,7 @@ class LinkCalls:
         op: Operation,
         client: SdkClient,
         keys: list[str],
-        buffers: list,
+        buffers: list[SdkBuffer],
         sent: list[int] | None,
         result: CallResult,
         deadline: Deadline,

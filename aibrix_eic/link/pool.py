@@ -19,9 +19,11 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 from ..util.teardown import OwnThread
+
+T = TypeVar("T")
 
 GET_PRIORITY = 0
 PUT_PRIORITY = 1
@@ -59,9 +61,9 @@ class PriorityThreadPool:
         with self._lock:
             return max((now - since for since in self._busy_since.values() if since is not None), default=0.0)
 
-    def submit(self, fn: Callable[..., Any], *args: Any, priority: int = GET_PRIORITY) -> Future:
+    def submit(self, fn: Callable[..., T], *args: Any, priority: int = GET_PRIORITY) -> Future[T]:
         """Run fn(*args) on a pool thread; lower priority values run first."""
-        future: Future = Future()
+        future: Future[T] = Future()
         with self._lock:
             if self._shutdown:
                 raise RuntimeError(f"{self._name} pool is shut down")

@@ -18,6 +18,7 @@ from .resilience import call_with_timeout
 
 if TYPE_CHECKING:
     from .link import Link, Session
+    from .sdk import CallResult
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ class Recovery:
         self._config = config
         self._key_prefix = key_prefix
         self._rate_log = rate_log
-        self._call: Future | None = None  # the probe call waited on
+        self._call: Future[CallResult] | None = None  # the probe call waited on
         self._until = 0.0  # ...until then
 
     def probe(self) -> bool:

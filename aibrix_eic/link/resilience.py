@@ -203,13 +203,13 @@ class Prober:
 
     def _run(self) -> None:
         while not self._stopping(0):
-            if not self._breaker.tripped:
+            if not self._tripped():
                 self._wake.wait(POLL_S)  # bounded: abandon() cannot set the event
                 self._wake.clear()
                 continue
             if self._stopping(self._interval_s):
                 break
-            if not self._breaker.tripped:
+            if not self._tripped():  # a request closed it during the interval
                 continue
             try:
                 recovered = self._attempt()
@@ -221,6 +221,10 @@ class Prober:
         then = self._abandoned
         if then is not None:
             then()
+
+    def _tripped(self) -> bool:
+        """Read afresh each time: other threads open and close the breaker."""
+        return self._breaker.tripped
 
     def _stopping(self, wait_s: float) -> bool:
         """Wait up to wait_s; True once stopped or abandoned."""

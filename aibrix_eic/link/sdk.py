@@ -35,6 +35,9 @@ class Outcome(enum.IntEnum):
 
 HIT, MISS, FAIL, REJECTED = Outcome.HIT, Outcome.MISS, Outcome.FAIL, Outcome.REJECTED
 
+# One buffer of an SDK call: (address, length, registered), as IOBuffers takes it.
+SdkBuffer = tuple[int, int, bool]
+
 # Codes that mean "this request can never succeed as sent". The vendor SDK's
 # names for such codes are unknown, so only the engine's are listed; any code
 # missing from a module's StatusCode is simply not looked up.
@@ -175,13 +178,13 @@ class SdkClient:
         vector.extend(keys)
         return vector
 
-    def _buffers(self, buffers: Sequence[tuple[int, int, bool]]) -> Any:
+    def _buffers(self, buffers: Sequence[SdkBuffer]) -> Any:
         iobufs = self._eic.IOBuffers()
         for addr, length, registered in buffers:
             iobufs.append(addr, length, registered)
         return iobufs
 
-    def mset(self, keys: Sequence[str], buffers: Sequence[tuple[int, int, bool]]) -> CallResult:
+    def mset(self, keys: Sequence[str], buffers: Sequence[SdkBuffer]) -> CallResult:
         try:
             status, outcome = self._client.mset(self._keys(keys), self._buffers(buffers), self._set_option)
         except Exception as e:
@@ -203,7 +206,7 @@ class SdkClient:
             return result
         return dataclasses.replace(result, whole_call_failed=False, gdr_refused=refused)
 
-    def mget(self, keys: Sequence[str], buffers: Sequence[tuple[int, int, bool]]) -> CallResult:
+    def mget(self, keys: Sequence[str], buffers: Sequence[SdkBuffer]) -> CallResult:
         try:
             status, _, outcome = self._client.mget(self._keys(keys), self._get_option, self._buffers(buffers))
         except Exception as e:

@@ -195,7 +195,7 @@ class ConnectorMetrics:
             self._blocks[op, outcome].inc(amount)
 
     # ----------------------------------------------------- per request
-    def record_request(self, op: str, outcome: str, result: Any, args: tuple, seconds: float) -> None:
+    def record_request(self, op: str, outcome: str, result: Any, args: tuple[Any, ...], seconds: float) -> None:
         """One request of AIBrix's, as the connector answered it (`outcome`:
         outcomes.request_outcome). args are the request's (keys, mrs) for get
         and put."""
@@ -321,7 +321,7 @@ class NoMetrics:
     def counted(self, amounts: Mapping[str, int]) -> None:
         pass
 
-    def record_request(self, op: str, outcome: str, result: Any, args: tuple, seconds: float) -> None:
+    def record_request(self, op: str, outcome: str, result: Any, args: tuple[Any, ...], seconds: float) -> None:
         pass
 
     def count_requests(self, op: str, outcome: str, n: int) -> None:

@@ -26,6 +26,7 @@ from aibrix_kvcache.status import Status, StatusCodes
 from ..aibrix_compat.timeouts import CURRENT_GUARD
 from ..keys.codec import KeyCodec
 from ..link.regions import RegisteredRegions
+from ..link.sdk import SdkBuffer
 from ..util import device_memory
 
 _MR_TYPES: set[type] = set()  # MemoryRegion subclasses seen; ABC isinstance is slow
@@ -74,7 +75,7 @@ class BlockChecker:
         """Back to the configured block size (the connector was closed)."""
         self.block_nbytes = self._configured_block_nbytes
 
-    def buffers(self, mrs: Sequence[Any], mark_registered: bool) -> list[tuple[int, int, bool]]:
+    def buffers(self, mrs: Sequence[Any], mark_registered: bool) -> list[SdkBuffer]:
         """(addr, nbytes, registered) for each region."""
         compact = MemoryRegion.use_compact_layout()
         block_nbytes = self.block_nbytes

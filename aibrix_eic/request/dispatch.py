@@ -17,7 +17,7 @@ from aibrix_kvcache.memory import MemoryRegion
 from ..link.calls import Operation
 from ..link.resilience import Deadline
 from ..link.runtime import Runtime
-from ..link.sdk import Outcome, SdkClient
+from ..link.sdk import Outcome, SdkBuffer, SdkClient
 
 
 class Chunk:
@@ -25,7 +25,7 @@ class Chunk:
 
     __slots__ = ("keys", "buffers", "mrs", "outcomes", "detail")
 
-    def __init__(self, keys: list[str], buffers: list, mrs: Sequence[MemoryRegion]):
+    def __init__(self, keys: list[str], buffers: list[SdkBuffer], mrs: Sequence[MemoryRegion]):
         self.keys = keys
         self.buffers = buffers
         self.mrs = mrs
@@ -39,13 +39,13 @@ class Chunk:
         for mr in mrs:
             mr.ref_down()
 
-    def release_if_cancelled(self, future: Future) -> None:
+    def release_if_cancelled(self, future: Future[None]) -> None:
         # A cancelled future never ran, so its thread will not release.
         if future.cancelled():
             self.release()
 
 
-OutlivedCall = Callable[[list[str], Future], None]
+OutlivedCall = Callable[[list[str], Future[None]], None]
 
 
 class Dispatcher:
@@ -53,7 +53,9 @@ class Dispatcher:
         self._config = rt.config
         self._link = rt.link
 
-    def chunks(self, eic_keys: list[str], buffers: list | None, mrs: Sequence[MemoryRegion] | None) -> list[Chunk]:
+    def chunks(
+        self, eic_keys: list[str], buffers: list[SdkBuffer] | None, mrs: Sequence[MemoryRegion] | None
+    ) -> list[Chunk]:
         step = self._link.keys_per_call(buffers[0][1] if buffers else 0)
         return [
             Chunk(

@@ -34,7 +34,7 @@ class ExistsBatcher:
         self._config = rt.config
         self._link = rt.link
         self._counters = rt.counters
-        self._pending: dict[asyncio.AbstractEventLoop, tuple[list[str], list[asyncio.Future]]] = {}
+        self._pending: dict[asyncio.AbstractEventLoop, tuple[list[str], list[asyncio.Future[Status]]]] = {}
 
     def count(self, status: Status) -> Status:
         """Count one exists() answered without a mexist round; returns it."""
@@ -75,12 +75,12 @@ class ExistsBatcher:
             timeout_ms = self._config.exists_timeout_ms
             step = self._config.batch_keys
             spans = [(start, min(start + step, len(eic_keys))) for start in range(0, len(eic_keys), step)]
-            futures: list[Future] = []
+            futures: list[Future[CallResult]] = []
             timer = loop.call_later(timeout_ms / 1000, self._timed_out, waiters, futures, timeout_ms)
             unanswered = [len(spans)]
             metrics, sent = self._counters.metrics, time.perf_counter()
 
-            def deliver(start: int, end: int, future: Future) -> None:  # on the loop
+            def deliver(start: int, end: int, future: Future[CallResult]) -> None:  # on the loop
                 metrics.exists_seconds(time.perf_counter() - sent)
                 count_round(metrics, waiters, start, end, future)
                 answer_exists(waiters, start, end, future)
@@ -88,7 +88,7 @@ class ExistsBatcher:
                 if unanswered[0] == 0:
                     timer.cancel()
 
-            def on_done(future: Future, start: int, end: int) -> None:  # on a pool thread
+            def on_done(future: Future[CallResult], start: int, end: int) -> None:  # on a pool thread
                 try:
                     loop.call_soon_threadsafe(deliver, start, end, future)
                 except RuntimeError:
@@ -106,7 +106,9 @@ class ExistsBatcher:
     def _mexist(self, session: Session, eic_keys: list[str]) -> CallResult:
         return self._link.call("exists", session.client.mexist, eic_keys)
 
-    def _timed_out(self, waiters: list[asyncio.Future], futures: list[Future], timeout_ms: float) -> None:
+    def _timed_out(
+        self, waiters: list[asyncio.Future[Status]], futures: list[Future[CallResult]], timeout_ms: float
+    ) -> None:
         if all(waiter.done() for waiter in waiters):
             return
         for future in futures:
@@ -119,7 +121,11 @@ class ExistsBatcher:
 
 
 def count_round(
-    metrics: "ConnectorMetrics | NoMetrics", waiters: Sequence[asyncio.Future], start: int, end: int, future: Future
+    metrics: "ConnectorMetrics | NoMetrics",
+    waiters: Sequence[asyncio.Future[Status]],
+    start: int,
+    end: int,
+    future: Future[CallResult],
 ) -> None:
     """The outcome of each exists() one mexist round answers (those the
     deadline has not answered already), counted in bulk, not per call."""
@@ -139,13 +145,13 @@ def count_round(
             metrics.count_requests("exists", "hit" if outcome == HIT else "miss" if outcome == MISS else "error", 1)
 
 
-def answer(waiters: Sequence[asyncio.Future], start: int, end: int, status: Status) -> None:
+def answer(waiters: Sequence[asyncio.Future[Status]], start: int, end: int, status: Status) -> None:
     for waiter in waiters[start:end]:
         if not waiter.done():  # AIBrix may have cancelled it
             waiter.set_result(status)
 
 
-def answer_exists(waiters: Sequence[asyncio.Future], start: int, end: int, future: Future) -> None:
+def answer_exists(waiters: Sequence[asyncio.Future[Status]], start: int, end: int, future: Future[CallResult]) -> None:
     """Answer waiters[start:end] from a finished mexist future."""
     if future.cancelled():
         # By the timeout (its waiters are answered, and skipped here) or by

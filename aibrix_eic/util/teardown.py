@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 class OwnThread(threading.Thread):
     """A daemon thread the connector starts (pools, prober, watcher, warm-up)."""
 
-    def __init__(self, target: Callable[..., Any], name: str, args: tuple = ()) -> None:
+    def __init__(self, target: Callable[..., Any], name: str, args: tuple[Any, ...] = ()) -> None:
         super().__init__(target=target, name=name, args=args, daemon=True)
 
 
@@ -67,7 +67,7 @@ def close_may_wait() -> bool:
 
 
 # (pid, begin, finish): bound methods of one object, this process's only.
-_at_exit: list[tuple[int, weakref.WeakMethod, weakref.WeakMethod]] = []
+_at_exit: list[tuple[int, weakref.WeakMethod[Callable[[], object]], weakref.WeakMethod[Callable[[], object]]]] = []
 _at_exit_hooked: set[int] = set()  # pids whose multiprocessing finalizer is registered
 _at_exit_lock = threading.Lock()
 

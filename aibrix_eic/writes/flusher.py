@@ -298,7 +298,7 @@ class Flusher:
             self._drain_ended(drain)
             return
 
-        def ended_if_cancelled(done: Future) -> None:
+        def ended_if_cancelled(done: Future[None]) -> None:
             if done.cancelled():
                 self._drain_ended(drain)
 

@@ -19,10 +19,10 @@ from ..link.link import Session
 from ..link.pool import PUT_PRIORITY, PriorityThreadPool
 from ..link.resilience import Deadline
 from ..link.runtime import Runtime
-from ..link.sdk import HIT, MISS
+from ..link.sdk import HIT, MISS, SdkBuffer
 from .table import Entry, Finished, PendingTable
 
-SendCall = Callable[[Session, list[Entry], list, Deadline], None]
+SendCall = Callable[[Session, list[Entry], list[SdkBuffer], Deadline], None]
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class RoundCall:
 
     send: SendCall
     group: list[Entry]
-    buffers: list
+    buffers: list[SdkBuffer]
 
 
 class Drain:
@@ -55,7 +55,7 @@ class _Countdown:
         self.left = left
 
 
-def _buffers(writes: list[Entry]) -> list[tuple[int, int, bool]]:
+def _buffers(writes: list[Entry]) -> list[SdkBuffer]:
     return [entry.buffer for entry in writes if entry.buffer is not None]  # a write always has one
 
 
@@ -121,7 +121,7 @@ class RoundSender:
             self._call_ended(countdown)
             return
 
-        def end_if_cancelled(done: Future) -> None:  # it never ran: nothing can touch its regions
+        def end_if_cancelled(done: Future[None]) -> None:  # it never ran: nothing can touch its regions
             if done.cancelled():
                 self._end(call.group, [False] * len(call.group), "cancelled")
                 if self._call_ended(countdown):
@@ -148,14 +148,14 @@ class RoundSender:
             countdown.left -= 1
             return countdown.left == 0
 
-    def _flush(self, session: Session, group: list[Entry], buffers: list, deadline: Deadline) -> None:
+    def _flush(self, session: Session, group: list[Entry], buffers: list[SdkBuffer], deadline: Deadline) -> None:
         try:
             self._store(session, group, buffers, deadline)
         except BaseException as e:  # a bug here must still end every entry (and release it)
             self._rate_log.log("wb-internal", logging.ERROR, "EIC write-behind flush failed internally: %r", e)
             self._end(group, [False] * len(group), f"internal error {e!r}")
 
-    def _store(self, session: Session, group: list[Entry], buffers: list, deadline: Deadline) -> None:
+    def _store(self, session: Session, group: list[Entry], buffers: list[SdkBuffer], deadline: Deadline) -> None:
         keys = [entry.key for entry in group]
         result = self._link.send(PUT, session.client, keys, buffers, deadline)
         outcomes = result.outcomes
@@ -169,7 +169,9 @@ class RoundSender:
                     settled[i] = result.outcomes[j] in (HIT, MISS)
         self._end(group, settled, f"not stored: {result.detail}", stored=[o == HIT for o in outcomes])
 
-    def _delete_lost(self, session: Session, group: list[Entry], _buffers: list, _deadline: Deadline) -> None:
+    def _delete_lost(
+        self, session: Session, group: list[Entry], _buffers: list[SdkBuffer], _deadline: Deadline
+    ) -> None:
         settled = [False] * len(group)
         try:
             result = self._link.call("delete", session.client.mdel, [entry.key for entry in group])

@@ -32,6 +32,7 @@ from typing import Final, Literal
 from aibrix_kvcache.memory import MemoryRegion
 from aibrix_kvcache.status import Status, StatusCodes
 
+from ..link.sdk import SdkBuffer
 from ..request.checks import release
 
 WRITE, DELETE = 0, 1
@@ -54,7 +55,7 @@ class Ack:
         self.remaining = count
         self.failure: Status | None = None
         self.loop = loop
-        self.future: asyncio.Future = loop.create_future()
+        self.future: asyncio.Future[Status] = loop.create_future()
 
     def finished_one(self, failure: Status | None) -> bool:
         """Count one entry down (under the table lock); True when all are."""
@@ -72,7 +73,7 @@ class Ack:
             pass  # the loop is closed: nobody waits any more
 
 
-def _set_result(future: asyncio.Future, result: Status) -> None:
+def _set_result(future: asyncio.Future[Status], result: Status) -> None:
     if not future.done():
         future.set_result(result)
 
@@ -88,7 +89,7 @@ class Entry:
         kind: int,
         seq: int,
         mr: MemoryRegion | None = None,
-        buffer: tuple[int, int, bool] | None = None,
+        buffer: SdkBuffer | None = None,
         accepted_at: float = 0.0,
         counted: bool = False,
     ) -> None:
@@ -96,7 +97,7 @@ class Entry:
         self.kind = kind
         self.seq = seq
         self.mr: MemoryRegion | None = mr
-        self.buffer: tuple[int, int, bool] | None = buffer  # (addr, nbytes, registered)
+        self.buffer: SdkBuffer | None = buffer  # (addr, nbytes, registered)
         self.accepted_at = accepted_at
         self.counted = counted  # its bytes count against write_behind_max_bytes
         self.acks: list[Ack] | None = None
@@ -177,7 +178,7 @@ class PendingTable:
     def add(
         self,
         keys: Sequence[str],
-        buffers: Sequence[tuple[int, int, bool]],
+        buffers: Sequence[SdkBuffer],
         mrs: Sequence[MemoryRegion],
         now: float,
         counted: bool,

@@ -29,6 +29,7 @@ from ..link.calls import DELETE as DELETE_OP
 from ..link.link import Session
 from ..link.resilience import Deadline
 from ..link.runtime import Runtime
+from ..link.sdk import SdkBuffer
 from ..request.checks import hold, release
 from ..request.dispatch import Dispatcher
 from ..request.statuses import NOT_FOUND, OK, close_after, key_statuses
@@ -68,7 +69,7 @@ class WriteBehind:
         """Flush within timeout_s, drop (as misses) what is left; see Flusher.close."""
         return self._flusher.close(timeout_s)
 
-    def outlived(self, eic_keys: list[str], call: Future) -> None:
+    def outlived(self, eic_keys: list[str], call: Future[None]) -> None:
         """A direct write still in the SDK after its caller got TIMEOUT: its
         keys read as misses until the call returned and an mdel cleared them,
         so the late value never shows over a newer one (table.py)."""
@@ -76,7 +77,7 @@ class WriteBehind:
         with table.cond:
             table.outlive(eic_keys)
 
-        def returned(_call: Future) -> None:
+        def returned(_call: Future[None]) -> None:
             with table.cond:
                 table.returned(eic_keys)
 
@@ -128,7 +129,9 @@ class WriteBehind:
             }
 
     # ------------------------------------------------------------ writing
-    async def mput(self, eic_keys: list[str], buffers: list, mrs: Sequence[MemoryRegion]) -> list[Status] | Status:
+    async def mput(
+        self, eic_keys: list[str], buffers: list[SdkBuffer], mrs: Sequence[MemoryRegion]
+    ) -> list[Status] | Status:
         refused = hold(mrs, "mput")
         if refused is not None:
             return refused
@@ -179,12 +182,12 @@ class WriteBehind:
         return limit
 
     # ------------------------------------------------------------ reading
-    def _read_held(self, eic_keys: Sequence[str], dests: Sequence[MemoryRegion]) -> list:
+    def _read_held(self, eic_keys: Sequence[str], dests: Sequence[MemoryRegion]) -> list[bool | None]:
         """Per key: True (copied from an accepted write), False (reads as
         a miss) or None (ask EIC). The caller holds a reference on every
         dest (mget), so none can be released under the copy."""
         table = self.table
-        found: list = [None] * len(eic_keys)
+        found: list[bool | None] = [None] * len(eic_keys)
         sources: list[tuple[int, MemoryRegion]] = []
         with table.cond:
             for i, key in enumerate(eic_keys):
@@ -296,7 +299,7 @@ class WriteBehind:
 
 
 async def held_or_from_eic(
-    found: list, keys: Sequence[bytes], mrs: Sequence[MemoryRegion], from_eic: FromEic
+    found: Sequence[bool | None], keys: Sequence[bytes], mrs: Sequence[MemoryRegion], from_eic: FromEic
 ) -> list[Status]:
     """One Status per key: OK where `found` copied a held write, a miss
     from the first lost key on, EIC's answer for the rest before it."""
