@@ -33,6 +33,12 @@ def clients(monkeypatch) -> list[weakref.ref]:
     return built
 
 
+def busy_past_deadline(pool) -> int:
+    """Threads of pool whose current call has run past the pool's deadline."""
+    now = time.monotonic()
+    return sum(since is not None and now - since > pool._stuck_after_s for since in list(pool._busy_since.values()))
+
+
 @pytest.mark.usefixtures("mexist_miss")
 def test_hits_resume_within_two_probe_intervals_after_a_hang_that_filled_the_pool():
     rig = ConnectorRig(
@@ -55,7 +61,12 @@ def test_hits_resume_within_two_probe_intervals_after_a_hang_that_filled_the_poo
         statuses = rig.run(burst())  # every data thread is now stuck for 3 s
         assert all(status.is_timeout() for status in statuses), statuses
         assert rig.conn.breaker.tripped
-        time.sleep(0.4)  # the stuck calls are past every deadline
+        pool = rig.conn.link.data_pool
+        wait_until(
+            lambda: busy_past_deadline(pool) >= DATA_THREADS,
+            what="every data thread's stuck call past the pool's deadline",
+            show=lambda: busy_past_deadline(pool),
+        )
         trips_at_recovery = rig.conn.breaker.snapshot().trips
         store.faults.latency_s = 0.0
         recovered_at = time.monotonic()
