@@ -6,6 +6,7 @@ The races are made deterministic by holding the cache manager's event-loop
 thread inside the request's first step, past AIBrix's timeout, the way a
 stalled loop does in production."""
 
+import asyncio
 import threading
 
 import pytest
@@ -59,7 +60,9 @@ def mgets(cache) -> int:
 
 
 def sdk_calls_done(cache) -> bool:
-    """No SDK data call of the cache's connector is running or queued."""
+    """The manager's loop has run what was ready (the late get's tail) and
+    no SDK data call of its connector is running or queued."""
+    asyncio.run_coroutine_threadsafe(asyncio.sleep(0), cache._event_loop).result(timeout=60)
     pool = connector_of(cache).link.data_pool
     return pool.longest_busy_s() == 0 and pool._queue.empty()
 
