@@ -11,12 +11,12 @@ instead of hanging the suite."""
 import contextlib
 import gc
 import threading
-import time
 import weakref
 
 import pytest
 from connector_tools import ConnectorRig
 from harness import block_spec, connector_of, make_manager, send, tokens, use_config
+from waiting import wait_until
 
 import aibrix_eic.engine as engine
 from aibrix_eic.engine import get_store
@@ -31,13 +31,12 @@ def connector_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("aibrix_eic_") and t.name != "aibrix_eic_metrics"]
 
 
-def wait_until(condition, timeout: float = BOUND_S) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
+def wait_threads_end(threads_before: int) -> None:
+    wait_until(
+        lambda: len(connector_threads()) <= threads_before,
+        what="the connector threads to end",
+        show=lambda: [t.name for t in connector_threads()],
+    )
 
 
 @contextlib.contextmanager
@@ -123,10 +122,8 @@ def drop(rig: ConnectorRig) -> weakref.ref:
 
 def assert_let_go(ref: weakref.ref, regions: list, threads_before: int) -> None:
     assert ref() is None, "the collection did not free the dropped connector"
-    assert wait_until(lambda: len(connector_threads()) <= threads_before), (
-        f"connector threads still alive: {[t.name for t in connector_threads()]}"
-    )
-    assert wait_until(lambda: all(mr.ref_count == 0 for mr in regions)), "a pending write's region was never released"
+    wait_threads_end(threads_before)
+    wait_until(lambda: all(mr.ref_count == 0 for mr in regions), what="every pending write's region released")
 
 
 def test_a_collection_on_the_watcher_holding_the_table_lock_returns_and_lets_go():
@@ -173,8 +170,8 @@ def test_close_without_waiting_still_sends_queued_writes_and_releases_them():
         assert rig.conn.close(wait=False).is_ok()
         # It returned before the flush (each call takes 0.2 s): the threads finish the job.
         assert rig.conn.health()["write_behind_pending"] > 0, "close(wait=False) waited for the flush"
-        assert wait_until(lambda: len(connector_threads()) <= threads_before)
-        assert wait_until(lambda: all(mr.ref_count == 0 for mr in regions))
+        wait_threads_end(threads_before)
+        wait_until(lambda: all(mr.ref_count == 0 for mr in regions), what="every region released")
         health = rig.conn.health()
         assert not health["open"] and health["write_behind_pending"] == 0
         assert health["write_behind_lost"] == 0 and len(get_store("gc-nowait")) == len(regions)
@@ -203,12 +200,14 @@ def test_close_without_waiting_drops_what_it_cannot_send_within_the_close_timeou
             rig.release(mrs)
             regions += mrs
             if version == 1:
-                assert wait_until(lambda: not table.queued, timeout=5.0)
+                wait_until(lambda: not table.queued, what="version 1 in flight")
         assert table.queued, "nothing left queued behind the hung call: the test proves nothing"
         assert rig.conn.close(wait=False).is_ok()
-        assert wait_until(lambda: rig.conn.health()["write_behind_lost"] > 0, timeout=2.0), rig.conn.health()
-        assert wait_until(lambda: len(connector_threads()) <= threads_before)
-        assert wait_until(lambda: all(mr.ref_count == 0 for mr in regions))
+        wait_until(
+            lambda: rig.conn.health()["write_behind_lost"] > 0, 2.0, "the hung write counted lost", show=rig.conn.health
+        )
+        wait_threads_end(threads_before)
+        wait_until(lambda: all(mr.ref_count == 0 for mr in regions), what="every region released")
         health = rig.conn.health()
         assert health["write_behind_pending"] == 0
         assert health["write_behind_lost"] + len(store) == len(regions), health
@@ -271,7 +270,7 @@ def test_a_manager_freed_by_a_collection_on_its_watcher_returns_and_lets_go(l1_m
         del cache, connector
         assert collector.collect(), "the GC on the watcher thread never returned: close() blocked in L2Cache.__del__"
     assert manager() is None and conn() is None, "the collection did not free the dropped manager"
-    assert wait_until(lambda: len(connector_threads()) <= threads_before), [t.name for t in connector_threads()]
+    wait_threads_end(threads_before)
     assert not table.queued and not table.inflight and table.held_bytes == 0
 
 
@@ -299,7 +298,7 @@ def test_managers_dropped_with_pending_writes_under_gc_threshold_one(l1_manager_
         gc.set_threshold(*thresholds)
     gc.collect()
     assert all(ref() is None for ref in managers), "gc.collect() freed nothing: a collection is stuck"
-    assert wait_until(lambda: len(connector_threads()) <= threads_before), [t.name for t in connector_threads()]
+    wait_threads_end(threads_before)
 
 
 def test_close_without_waiting_stops_every_thread_in_direct_mode_too():
@@ -309,8 +308,6 @@ def test_close_without_waiting_stops_every_thread_in_direct_mode_too():
     rig = ConnectorRig(block_nbytes=BLOCK, remote_url="local://gc-direct", put_mode="direct").open()
     try:
         assert rig.conn.close(wait=False).is_ok()
-        assert wait_until(lambda: len(connector_threads()) <= threads_before), (
-            f"connector threads still alive: {[t.name for t in connector_threads()]}"
-        )
+        wait_threads_end(threads_before)
     finally:
         rig.close()

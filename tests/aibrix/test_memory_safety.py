@@ -6,8 +6,8 @@ The races are made deterministic by holding the cache manager's event-loop
 thread inside the request's first step, past AIBrix's timeout, the way a
 stalled loop does in production."""
 
+import asyncio
 import threading
-import time
 
 import pytest
 from harness import (
@@ -23,6 +23,7 @@ from harness import (
 )
 from harness import stall_next_get as harness_stall_next_get
 from poison import PoisonWatch
+from waiting import wait_until
 
 from aibrix_eic.aibrix_compat import timeouts as aibrix_compat
 from aibrix_eic.engine import get_store
@@ -58,6 +59,14 @@ def mgets(cache) -> int:
     return connector_of(cache).health()["gets"]
 
 
+def sdk_calls_done(cache) -> bool:
+    """The manager's loop has run what was ready (the late get's tail) and
+    no SDK data call of its connector is running or queued."""
+    asyncio.run_coroutine_threadsafe(asyncio.sleep(0), cache._event_loop).result(timeout=60)
+    pool = connector_of(cache).link.data_pool
+    return pool.longest_busy_s() == 0 and pool._queue.empty()
+
+
 def test_a_get_running_after_aibrix_timed_out_never_writes_into_released_memory(manager, monkeypatch):
     watch = PoisonWatch(manager._allocator)
     query = tokens(NBLOCKS, seed=1)
@@ -68,7 +77,12 @@ def test_a_get_running_after_aibrix_timed_out_never_writes_into_released_memory(
     status = manager.acquire(None, query)
     assert status.is_timeout(), status
     assert ended.wait(STALL_S + 5)
-    time.sleep(0.2)  # any SDK call the late coroutine started has landed by now
+    # any SDK call the late coroutine started has landed, and AIBrix freed what it held
+    wait_until(
+        lambda: sdk_calls_done(manager) and watch.frees >= 2 * NBLOCKS,
+        what="the late get's calls landed and its regions freed",
+        show=lambda: watch.frees,
+    )
     assert len(given) == NBLOCKS and watch.frees >= 2 * NBLOCKS  # the offload's and the acquire's regions
     assert watch.check_all() == []
     assert mgets(manager) == gets_before  # the abandoned request sent nothing
@@ -83,7 +97,11 @@ def test_a_get_running_after_aibrix_timed_out_never_frees_a_region_twice(manager
 
     assert manager.acquire(None, query).is_timeout()
     assert ended.wait(STALL_S + 5)
-    time.sleep(0.2)
+    wait_until(
+        lambda: sdk_calls_done(manager) and len(manager._allocator) <= 0,
+        what="the late get's calls landed and its regions freed",
+        show=lambda: len(manager._allocator),
+    )
     manager._allocator.assert_consistency()
     assert len(manager._allocator) == 0  # was negative: a double free
     ntokens, handle = manager.acquire(None, query).get()  # and the cache still works

@@ -18,6 +18,7 @@ from harness import (
     use_config,
     wait_flushed,
 )
+from waiting import wait_until
 
 from aibrix_eic.engine import get_store
 
@@ -101,10 +102,11 @@ def test_outage_gives_fast_misses_then_the_cache_returns_by_itself(manager, fail
 
     # 2. EIC comes back: hits resume within the probe interval, nobody reopens.
     store.faults.clear()
-    healed_at = time.monotonic()
-    while reload_tokens(manager, query) != 8 * BLOCK_NTOKENS:
-        assert time.monotonic() - healed_at < PROBE_INTERVAL_S + EXISTS_TIMEOUT_MS / 1000 + 2.0
-        time.sleep(0.02)
+    wait_until(
+        lambda: reload_tokens(manager, query) == 8 * BLOCK_NTOKENS,
+        PROBE_INTERVAL_S + EXISTS_TIMEOUT_MS / 1000 + 2.0,
+        "hits to resume within the probe interval",
+    )
     assert not breaker_of(manager).tripped
     assert manager.exists(None, query).get() == 8 * BLOCK_NTOKENS
 
@@ -121,10 +123,9 @@ def test_open_with_eic_down_serves_misses_then_connects(monkeypatch, tmp_path):
         assert breaker_of(cache).tripped
         assert "init returned -1" in connector_of(cache).health()["breaker_reason"]
         get_store("down-at-start").faults.clear()
-        deadline = time.monotonic() + PROBE_INTERVAL_S + 2.0
-        while breaker_of(cache).tripped:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_until(
+            lambda: not breaker_of(cache).tripped, PROBE_INTERVAL_S + 2.0, "the probe to connect within its interval"
+        )
         assert offload(cache, query, seed=2).is_ok()
         assert reload_tokens(cache, query) == 4 * BLOCK_NTOKENS
         # Slabs given to register_slabs while down were registered on connect.

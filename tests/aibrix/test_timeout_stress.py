@@ -11,6 +11,7 @@ import pytest
 import torch
 from harness import BLOCK_NTOKENS, block_spec, make_manager, manager_env, pattern, tokens, use_config
 from poison import PoisonWatch
+from waiting import wait_until
 
 from aibrix_eic.engine import get_store
 
@@ -94,10 +95,10 @@ def test_no_byte_lands_in_released_memory_under_a_storm_of_timeouts(manager):
     for thread in threads:
         thread.join(300)
     store.faults.latency_s = 0.0
-    for _ in range(100):  # let late SDK calls land before the final check
-        if len(manager._allocator) == 0:
-            break
-        threading.Event().wait(0.05)
+    # let late SDK calls land before the final check
+    wait_until(
+        lambda: len(manager._allocator) == 0, what="late SDK calls to land", show=lambda: len(manager._allocator)
+    )
 
     assert errors == []
     assert counts["offloads"] + counts["reloads"] == REQUESTS

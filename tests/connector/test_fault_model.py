@@ -24,7 +24,6 @@ Both readings of an mexist that finds keys absent (docs/engine.md) are run.
 """
 
 import itertools
-import time
 from typing import ClassVar
 
 import hypothesis.strategies as st
@@ -32,6 +31,7 @@ import pytest
 from connector_tools import ConnectorRig
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+from waiting import wait_until
 
 from aibrix_eic.engine import Store, get_store, reset_stores
 
@@ -117,10 +117,12 @@ class FaultyConnectorMachine(RuleBasedStateMachine):
             _count(name, health[name])
         self.store.faults.clear()
         self.rig.close()
-        deadline = time.monotonic() + 5  # a call still running holds its regions until it returns
-        while self.rig.allocator._used_nbytes and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert self.rig.allocator._used_nbytes == 0, "a region reference outlived close()"
+        # a call still running holds its regions until it returns
+        wait_until(
+            lambda: self.rig.allocator._used_nbytes == 0,
+            what="every region reference released after close()",
+            show=lambda: self.rig.allocator._used_nbytes,
+        )
 
     def _payload(self) -> bytes:
         self.version += 1

@@ -10,6 +10,7 @@ import weakref
 
 import pytest
 from connector_tools import ConnectorRig
+from waiting import wait_until
 
 import aibrix_eic.engine as engine
 from aibrix_eic.engine import get_store
@@ -30,6 +31,12 @@ def clients(monkeypatch) -> list[weakref.ref]:
 
     monkeypatch.setattr(engine.Client, "__init__", tracked_init)
     return built
+
+
+def busy_past_deadline(pool) -> int:
+    """Threads of pool whose current call has run past the pool's deadline."""
+    now = time.monotonic()
+    return sum(since is not None and now - since > pool._stuck_after_s for since in list(pool._busy_since.values()))
 
 
 @pytest.mark.usefixtures("mexist_miss")
@@ -54,14 +61,19 @@ def test_hits_resume_within_two_probe_intervals_after_a_hang_that_filled_the_poo
         statuses = rig.run(burst())  # every data thread is now stuck for 3 s
         assert all(status.is_timeout() for status in statuses), statuses
         assert rig.conn.breaker.tripped
-        time.sleep(0.4)  # the stuck calls are past every deadline
+        pool = rig.conn.link.data_pool
+        wait_until(
+            lambda: busy_past_deadline(pool) >= DATA_THREADS,
+            what="every data thread's stuck call past the pool's deadline",
+            show=lambda: busy_past_deadline(pool),
+        )
         trips_at_recovery = rig.conn.breaker.snapshot().trips
         store.faults.latency_s = 0.0
         recovered_at = time.monotonic()
 
         first_hit = None
         outcomes = []
-        while time.monotonic() - recovered_at < 1.5:
+        while time.monotonic() - recovered_at < 1.5:  # a window, not a wait
             mr = rig.blocks(1)[0]
             status = rig.run(rig.conn.get(key, mr))
             if status.is_ok():
@@ -94,7 +106,7 @@ def test_threads_and_clients_stay_bounded_through_a_10s_hang_with_a_fast_probe(c
         store.faults.latency_s = 10.0
         peak = 0
         hang_ends = time.monotonic() + 10.0
-        while time.monotonic() < hang_ends:
+        while time.monotonic() < hang_ends:  # a window, not a wait
             mrs = rig.blocks(1)
 
             async def get_and_exists(mr=mrs[0]):
@@ -121,8 +133,9 @@ def test_clients_a_failing_probe_builds_are_let_go(clients):
     try:
         store.faults.fail_rate = 1.0  # every call fails outright: each probe tries a new client
         rig.conn.breaker.trip("test")
-        time.sleep(1.0)
-        assert len(clients) > 10
+        wait_until(
+            lambda: len(clients) > 10, what="more than 10 clients built by failing probes", show=lambda: len(clients)
+        )
         gc.collect()
         alive = sum(1 for ref in clients if ref() is not None)
         assert alive <= 3, f"{alive} of {len(clients)} SDK clients still alive"

@@ -1,10 +1,9 @@
 """open() and close(): idempotent, and close really lets go."""
 
-import time
-
 import pytest
 import torch
 from connector_tools import ConnectorRig
+from waiting import wait_until
 
 import aibrix_eic.engine as engine
 from aibrix_eic.link.sdk import FAIL, CallResult
@@ -59,10 +58,7 @@ def test_slabs_registered_again_on_a_new_client_after_reconnect(monkeypatch):
         # Make the current client stop answering, so the probe builds a new one.
         monkeypatch.setattr(old_client, "mexist", lambda keys: engine_failure(len(keys)))
         rig.conn.breaker.trip("test")
-        deadline = time.monotonic() + 5
-        while rig.conn.breaker.tripped:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: not rig.conn.breaker.tripped, what="the probe to close the breaker")
         assert rig.conn.link.session.client is not old_client
         assert len({client for client, _ in registrations}) == 2
         assert rig.conn.link.session.regions == {(slab.data_ptr(), slab.numel())}
@@ -86,7 +82,12 @@ def test_close_answers_exists_calls_still_queued():
 
         async def exists_then_close():
             pending = asyncio.gather(*[rig.conn.exists(key) for key in keys])
-            await asyncio.sleep(0.05)  # four calls running, four queued
+            pool = rig.conn.link.meta_pool
+            await asyncio.to_thread(
+                wait_until,
+                lambda: pool._queue.qsize() == 4 and sum(t is not None for t in pool._busy_since.values()) == 4,
+                what="four calls running, four queued",
+            )
             rig.conn.close()
             return await asyncio.wait_for(pending, timeout=5)
 

@@ -3,10 +3,10 @@ closed, no thread it started is left running, and a second open() on the
 same bad state does not pretend to succeed."""
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from waiting import wait_until
 
 from aibrix_eic.config import EICConfig
 from aibrix_eic.connector import EICConnector
@@ -18,14 +18,13 @@ def our_threads() -> set[threading.Thread]:
     return {thread for thread in threading.enumerate() if thread.name.startswith(THREAD_PREFIX)}
 
 
-def threads_left(before: set[threading.Thread], wait_s: float = 2.0) -> list[str]:
-    """Threads started since `before` that are still alive after wait_s."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        left = [thread.name for thread in our_threads() - before if thread.is_alive()]
-        if not left or time.monotonic() > deadline:
-            return sorted(left)
-        time.sleep(0.02)
+def threads_left(before: set[threading.Thread]) -> list[str]:
+    """Threads started since `before` that are still alive."""
+    return sorted(thread.name for thread in our_threads() - before if thread.is_alive())
+
+
+def wait_threads_gone(before: set[threading.Thread], what: str = "the threads open() started to end") -> None:
+    wait_until(lambda: not threads_left(before), what=what, show=lambda: threads_left(before))
 
 
 def refuse_to_start(monkeypatch, name_prefix: str) -> None:
@@ -48,7 +47,7 @@ def assert_all_or_nothing(conn: EICConnector, before: set[threading.Thread]) -> 
         assert conn.is_open
         return False
     assert not conn.is_open, f"open() returned {status} but the connector says it is open"
-    assert threads_left(before) == [], f"open() returned {status} and left threads running"
+    wait_threads_gone(before, f"the threads to end after open() returned {status}")
     assert not conn.open().is_ok(), "a second open() on the same bad state returned OK"
     assert not conn.is_open
     return True
@@ -64,7 +63,7 @@ def test_warm_up_that_raises_does_not_leave_the_connector_half_open():
         assert_all_or_nothing(conn, before)
     finally:
         conn.close()
-    assert threads_left(before) == []
+    wait_threads_gone(before)
 
 
 @pytest.mark.parametrize("thread_name", ["aibrix_eic_probe", "aibrix_eic_data_2", "aibrix_eic_meta_1"])
@@ -82,7 +81,7 @@ def test_a_thread_that_cannot_start_fails_open_cleanly_and_open_works_once_it_ca
         assert conn.is_open
     finally:
         conn.close()
-    assert threads_left(before) == []
+    wait_threads_gone(before)
 
 
 def test_a_shared_store_that_cannot_be_opened_is_named_in_the_open_failure_and_logged_rate_limited(

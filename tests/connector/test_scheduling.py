@@ -4,6 +4,7 @@ import asyncio
 import threading
 
 from connector_tools import ConnectorRig
+from waiting import wait_until
 
 import aibrix_eic.engine as engine
 from aibrix_eic.link.pool import GET_PRIORITY, PUT_PRIORITY, PriorityThreadPool
@@ -54,10 +55,7 @@ def test_get_overtakes_queued_puts(monkeypatch):
         if not first_put_running.is_set():
             first_put_running.set()  # the one pool thread is here until the get is queued behind the puts
             pool = rig.conn.link.data_pool
-            for _ in range(5000):
-                if pool.waiting_ahead_of(PUT_PRIORITY):
-                    break
-                threading.Event().wait(0.001)
+            wait_until(lambda: pool.waiting_ahead_of(PUT_PRIORITY), what="the get queued ahead of the puts")
         return original_mset(self, *args)
 
     def mget(self, *args):
@@ -77,8 +75,8 @@ def test_get_overtakes_queued_puts(monkeypatch):
 
         async def both():
             put_task = asyncio.ensure_future(rig.conn.mput(put_keys, put_mrs))
-            while not first_put_running.is_set():  # the first put chunk is on the thread
-                await asyncio.sleep(0.001)
+            # the first put chunk is on the thread
+            await asyncio.to_thread(wait_until, first_put_running.is_set, what="the first put chunk running")
             statuses = await rig.conn.mget([b"hot-key-00000000"], get_mrs)
             await put_task
             return statuses

@@ -4,12 +4,12 @@ flushes (their clearing mdel), re-deletes of lost keys, user deletes and
 exists in the mix. Probes and the warm-up are not data calls (no outage here,
 warmup_keys=0), so the two counts must match exactly."""
 
-import time
 import uuid
 
 import pytest
 from connector_tools import ConnectorRig
 from prometheus_client import REGISTRY
+from waiting import wait_until
 
 import aibrix_eic.engine as engine
 from aibrix_eic.engine import get_store
@@ -36,13 +36,6 @@ def engine_calls(monkeypatch):
 def series(rig: ConnectorRig, op: str) -> float:
     labels = {**rig.conn._metrics.labels, "op": op}
     return REGISTRY.get_sample_value("aibrix_eic_sdk_calls_total", labels) or 0.0
-
-
-def wait_until(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert predicate()
 
 
 def test_sdk_calls_series_equals_the_engines_count(engine_calls):
@@ -73,9 +66,11 @@ def test_sdk_calls_series_equals_the_engines_count(engine_calls):
         mrs = rig.filled([b"f" * BLOCK])
         assert rig.run(conn.put(keys[4], mrs[0])).is_ok()
         rig.release(mrs)
-        wait_until(lambda: conn.health()["write_behind_lost_keys"] == 1)
+        wait_until(lambda: conn.health()["write_behind_lost_keys"] == 1, what="one lost key", show=conn.health)
         faults.fail_rate = 0.0  # the flusher re-deletes the lost key
-        wait_until(lambda: conn.health()["write_behind_lost_keys"] == 0)
+        wait_until(
+            lambda: conn.health()["write_behind_lost_keys"] == 0, what="the lost key re-deleted", show=conn.health
+        )
         assert rig.run(conn.delete(keys[1])).is_ok()  # a user delete
         assert conn.write_behind.wait_idle(10)
         rig.quiesce()

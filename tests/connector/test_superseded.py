@@ -7,6 +7,7 @@ import time
 
 import pytest
 from connector_tools import ConnectorRig
+from waiting import wait_until
 
 from aibrix_eic.engine import get_store
 
@@ -53,11 +54,9 @@ async def put(rig, version: int):
         rig.release(mrs)  # what AIBrix does once put returned
 
 
-async def until(predicate, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.001)
+async def until(predicate, what: str) -> None:
+    """wait_until off the loop, so the loop's tasks run meanwhile."""
+    await asyncio.to_thread(wait_until, predicate, what=what)
 
 
 @pytest.mark.parametrize("put_mode", ["write_behind", "coalesce"])
@@ -71,9 +70,9 @@ def test_a_delete_racing_an_overwrite_never_serves_the_older_value(make_rig, put
 
     async def scenario():
         first = asyncio.create_task(put(rig, 1))
-        await until(lambda: bool(table.inflight))
+        await until(lambda: bool(table.inflight), "v1 in flight")
         second = asyncio.create_task(put(rig, 2))
-        await until(lambda: bool(table.queued))
+        await until(lambda: bool(table.queued), "v2 queued")
         if put_mode == "write_behind":
             assert (await second).is_ok()
         delete = asyncio.create_task(rig.conn.delete(KEY))
@@ -108,7 +107,7 @@ def test_a_direct_put_that_timed_out_never_lands_over_a_newer_one(make_rig):
         second = await put(rig, 2)
         reads = []
         deadline = time.monotonic() + 0.8  # past the moment the late v1 lands
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline:  # a window, not a wait
             reads.append(await read(rig))
             await asyncio.sleep(0.02)
         return first, second, reads

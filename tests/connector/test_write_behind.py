@@ -11,6 +11,7 @@ from connector_tools import ConnectorRig
 from harness import watch_peak_counted_bytes
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from waiting import wait_until
 
 from aibrix_eic.engine import get_store
 from aibrix_eic.engine import surface as engine_surface
@@ -59,13 +60,14 @@ def idle(rig, timeout: float = 10.0) -> None:
     rig.quiesce()
 
 
-def in_flight(rig, timeout: float = 5.0) -> None:
+def in_flight(rig) -> None:
     """Wait until the flusher has sent what is queued."""
     table = rig.conn.write_behind.table
-    deadline = time.monotonic() + timeout
-    while (table.queued or not table.inflight) and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert table.inflight and not table.queued
+    wait_until(
+        lambda: table.inflight and not table.queued,
+        what="everything queued in flight",
+        show=lambda: (len(table.queued), len(table.inflight)),
+    )
 
 
 def spy_calls(monkeypatch) -> list:
@@ -209,10 +211,7 @@ def test_close_within_its_bound_drops_what_a_hung_engine_holds_up(make_rig):
     assert rig.conn.health()["write_behind_lost"] == 4, "what was queued is dropped at close"
     held = [mr for mr in regions if mr.ref_count]
     assert held == regions[:1], "only the region of a call still running stays held"
-    deadline = time.monotonic() + 5
-    while any(mr.ref_count for mr in held) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert all(mr.ref_count == 0 for mr in regions), "...and are released when that call returns"
+    wait_until(lambda: all(mr.ref_count == 0 for mr in regions), what="...their release when that call returns")
 
 
 def test_past_the_byte_bound_a_put_waits_until_stored(make_rig):
@@ -276,10 +275,7 @@ def test_a_failed_flush_is_a_miss_never_the_older_value(make_rig):
     assert get(rig, key)[0].is_not_found(), "the older value must not be served"
     assert rig.run(rig.conn.exists(key)).is_not_found()
     rig.store.faults.clear()  # the flusher now deletes the older value
-    deadline = time.monotonic() + 5
-    while rig.conn.health()["write_behind_lost_keys"] and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert rig.conn.health()["write_behind_lost_keys"] == 0
+    wait_until(lambda: rig.conn.health()["write_behind_lost_keys"] == 0, what="the lost key re-deleted")
     assert get(rig, key)[0].is_not_found() and len(rig.store) == 0
     put(rig, key, 3)
     idle(rig)
@@ -295,9 +291,7 @@ def test_a_newer_write_lost_to_age_hides_an_older_one_in_flight(make_rig):
     put(rig, key, 2)
     in_flight(rig)
     put(rig, key, 3)  # queued behind 2, then dropped for its age while 2 is still in the SDK
-    deadline = time.monotonic() + 2
-    while rig.conn.health()["write_behind_lost"] == 0 and time.monotonic() < deadline:
-        time.sleep(0.005)
+    wait_until(lambda: rig.conn.health()["write_behind_lost"], what="the queued write lost to its age")
     assert rig.conn.health()["write_behind_lost"] == 1
     assert get(rig, key)[0].is_not_found(), "the write in flight (2) is older than the lost one (3)"
     assert rig.run(rig.conn.exists(key)).is_not_found()
@@ -411,9 +405,7 @@ def test_a_get_overtakes_queued_flush_calls(make_rig, monkeypatch):
     statuses = rig.run(rig.conn.mput([bytes([i]) * 16 for i in range(6)], mrs))
     rig.release(mrs)
     assert all(status.is_ok() for status in statuses)
-    deadline = time.monotonic() + 5
-    while not calls and time.monotonic() < deadline:  # the first flush call is on the only thread
-        time.sleep(0.001)
+    wait_until(lambda: calls, what="the first flush call on the only thread")
     status, data = get(rig, hot)
     assert status.is_ok() and data == payload(1)
     idle(rig)
@@ -442,10 +434,8 @@ def test_a_flush_stuck_past_put_timeout_counts_as_a_failure_and_other_keys_still
         _, stuck_region = put(rig, stuck_key, 1)
         in_flight(rig)
         later = [put(rig, bytes([i]) * 16, i)[1] for i in range(10, 14)]  # queued behind the stuck round
-        deadline = time.monotonic() + 5
-        while any(mr.ref_count for mr in later) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert all(mr.ref_count == 0 for mr in later), "later writes were flushed past the stuck one"
+        # 5 s, well inside the 10 s the stuck call is held: past it, they could go out after it
+        wait_until(lambda: all(mr.ref_count == 0 for mr in later), 5.0, "later writes flushed past the stuck one")
         for i in range(10, 14):
             status, data = get(rig, bytes([i]) * 16)
             assert status.is_ok() and data == payload(i)
@@ -486,10 +476,7 @@ def test_a_lost_key_whose_delete_is_in_flight_does_not_spin_the_flusher(make_rig
 
     with table.cond:
         table.finish(claim, False, None, Finished())  # it did not finish: still lost, the flusher retries
-    deadline = time.monotonic() + 5
-    while rig.conn.health()["write_behind_lost_keys"] and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert rig.conn.health()["write_behind_lost_keys"] == 0
+    wait_until(lambda: rig.conn.health()["write_behind_lost_keys"] == 0, what="the lost key re-deleted")
 
 
 def test_a_write_waiting_behind_its_keys_delete_does_not_spin_the_flusher(make_rig, monkeypatch):
@@ -548,7 +535,7 @@ def test_a_long_stream_of_writes_does_not_look_like_a_stuck_pool_thread(make_rig
     try:
         # 2.5 s: longer than stuck_after_s, so a drain that never hands back fails; no longer, as
         # the stream outpaces the drains (5 ms a call) and its backlog must drain before idle().
-        while time.monotonic() - started < 2.5:
+        while time.monotonic() - started < 2.5:  # a window, not a wait
             mrs = rig.filled([payload(i), payload(i + 1)])
             statuses = rig.run(rig.conn.mput([i.to_bytes(16, "little"), (i + 1).to_bytes(16, "little")], mrs))
             rig.release(mrs)

@@ -6,6 +6,7 @@ import time
 
 from hypothesis import given
 from hypothesis import strategies as st
+from waiting import wait_until
 
 from aibrix_eic.link.resilience import BreakerState, CircuitBreaker, Deadline, ExponentialBackoff, Prober
 
@@ -68,17 +69,14 @@ def test_prober_probes_only_while_open_and_resets_the_breaker_on_success():
     prober = Prober(breaker, attempt, interval_s=0.02)
     prober.start()
     try:
-        time.sleep(0.1)
+        time.sleep(0.1)  # a window: five intervals in which nothing may happen
         assert attempts == []  # closed: nothing to probe
         breaker.trip("down")
         prober.wake()
-        time.sleep(0.15)
-        assert len(attempts) >= 2 and breaker.tripped
+        wait_until(lambda: len(attempts) >= 2, what="two probe attempts", show=lambda: attempts)
+        assert breaker.tripped
         answer[0] = True
-        deadline = time.monotonic() + 2
-        while breaker.tripped:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: not breaker.tripped, what="the successful probe to close the breaker")
     finally:
         prober.stop()
 
@@ -94,11 +92,12 @@ def test_prober_stop_ends_its_thread_and_a_raising_attempt_does_not_kill_it():
     prober = Prober(breaker, attempt, interval_s=0.01, name="aibrix_eic_probe_test")
     breaker.trip("down")
     prober.start()
-    time.sleep(0.1)
-    assert len(calls) >= 2  # kept probing after the first raise
+    wait_until(lambda: len(calls) >= 2, what="probing kept on after the first raise")
     prober.stop()
-    time.sleep(0.05)
-    assert not any(thread.name == "aibrix_eic_probe_test" for thread in threading.enumerate())
+    wait_until(
+        lambda: not any(thread.name == "aibrix_eic_probe_test" for thread in threading.enumerate()),
+        what="the prober's thread to end",
+    )
 
 
 @given(
