@@ -432,7 +432,8 @@ GOALS = {"l1_on_over_l1_off": 1.0, "eic_default_over_l1_only": 1.3}
 
 def goals(ratios: dict) -> dict:
     """Each goal whose phases ran: met or not."""
-    return {label: ratios[label] <= bound for label, bound in GOALS.items() if label in ratios}
+    # bool(): a ratio of numpy floats (vLLM's results) compares to numpy.bool_, which json refuses
+    return {label: bool(ratios[label] <= bound) for label, bound in GOALS.items() if label in ratios}
 
 
 def ratios(results: dict) -> dict:

@@ -256,3 +256,12 @@ def test_goals_need_both_phases_and_are_judged_per_run(serve):
     table = serve.table({"results": results, "ratios": ratios})
     assert "goal eic_default_over_l1_only <= 1.3x: MISSED" in table
     assert "eic-default yes, eic-default-stock no" in table
+
+
+def test_goals_judged_from_numpy_ratios_can_be_written_as_json(serve):
+    """vLLM's results carry numpy floats; a goal judged from them must still
+    go into the --json file (the first full run died there, after 11 min)."""
+    import numpy as np
+
+    judged = serve.goals({"l1_on_over_l1_off": np.float64(2.78), "eic_default_over_l1_only": np.float64(1.2)})
+    assert json.loads(json.dumps(judged)) == {"l1_on_over_l1_off": False, "eic_default_over_l1_only": True}
