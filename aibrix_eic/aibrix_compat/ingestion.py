@@ -240,19 +240,26 @@ def group_runs(pending: Sequence[tuple[Any, Any]]) -> list[tuple[Any, Any, list[
     """(prefix, query, regions) per run of consecutive callbacks whose keys
     are adjacent blocks of one token sequence: L2Cache.put builds from them
     the same keys as from each block's own (prefix, query)."""
-    runs: list[tuple[Any, list[Any], list[Any]]] = []  # (first key, queries, regions)
+    # (first key, queries, regions, hashes up to the run's end: BlockHashes' running length)
+    runs: list[tuple[Any, list[Any], list[Any], list[int]]] = []
     for key, mr in pending:
-        if runs and _follows(runs[-1][0], runs[-1][1], key):
+        if runs and _follows(runs[-1][0], runs[-1][1], runs[-1][3][0], key):
             runs[-1][1].append(key.query)
             runs[-1][2].append(mr)
+            runs[-1][3][0] += _nhashes(key.query)
         else:
-            runs.append((key, [key.query], [mr]))
-    return [(first.prefix, _joined(queries), mrs) for first, queries, mrs in runs]
+            runs.append((key, [key.query], [mr], [_nhashes(key.prefix) + _nhashes(key.query)]))
+    return [(first.prefix, _joined(queries), mrs) for first, queries, mrs, _ in runs]
 
 
-def _follows(first: Any, queries: list[Any], key: Any) -> bool:
+def _nhashes(part: Any) -> int:
+    """Block hashes in a BlockHashes prefix or query (0 for anything else)."""
+    return len(part._data) if type(part) is BlockHashes else 0
+
+
+def _follows(first: Any, queries: list[Any], nhashes: int, key: Any) -> bool:
     """Whether key is the block right after queries[-1] in the sequence
-    whose prefix is first's."""
+    whose prefix is first's; `nhashes`: the block hashes up to queries[-1]."""
     prefix, query, last = key.prefix, key.query, queries[-1]
     if prefix is None or type(query) is not type(last):
         return False
@@ -266,10 +273,9 @@ def _follows(first: Any, queries: list[Any], key: Any) -> bool:
             and prefix._stop == last._stop == query._start
         )
     if type(query) is BlockHashes:  # AIBrix's equality: the last hash and the length
-        blocks = (len(first.prefix._data) if first.prefix is not None else 0) + sum(len(q._data) for q in queries)
         return (
             query.block_ntokens == last.block_ntokens == prefix.block_ntokens
-            and len(prefix._data) == blocks
+            and len(prefix._data) == nhashes
             and prefix._data[-1] == last._data[-1]
         )
     return False
