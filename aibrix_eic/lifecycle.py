@@ -12,6 +12,7 @@ import torch
 from aibrix_kvcache.l2.connectors import Connector, ConnectorFeature
 from aibrix_kvcache.status import Status, StatusCodes
 
+from .aibrix_compat.flush import flush_waits_for_writes
 from .aibrix_compat.ingestion import batch_ingestion
 from .aibrix_compat.timeouts import order_timeouts
 from .config import ConfigError, EICConfig, warn_about_env
@@ -23,7 +24,6 @@ from .link.runtime import Runtime
 from .link.sdk import load_sdk_module
 from .observability import health as live
 from .observability.counters import Counters
-from .observability.logs import RateLimitedLogger
 from .observability.metrics import for_connector
 from .observability.reuse import ReuseLog
 from .request.checks import BlockChecker, InvalidRequest, slab_regions
@@ -31,6 +31,7 @@ from .request.direct import DirectRequests
 from .request.dispatch import Dispatcher
 from .request.exists import ExistsBatcher
 from .request.statuses import OK
+from .util.rate_limited_log import RateLimitedLogger
 from .util.teardown import call_at_exit, close_may_wait
 from .writes.write_behind import WriteBehind
 
@@ -95,6 +96,7 @@ class ConnectorLifecycle(Connector[bytes, torch.Tensor]):
         connector = cls(config, conn_id, executor, config_error=error)
         order_timeouts(connector)  # AIBrix's cache manager is loaded: it is building us
         batch_ingestion(connector, connector._counters)  # before it registers its L1 callbacks
+        flush_waits_for_writes(connector)  # a PD prefiller's flush() means: in EIC
         return connector
 
     # ---------------------------------------------------------- properties

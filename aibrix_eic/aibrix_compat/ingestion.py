@@ -32,7 +32,6 @@ import asyncio
 import logging
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
@@ -42,10 +41,11 @@ from aibrix_kvcache.cache_hashable import BlockHashes, TokenListView
 from aibrix_kvcache.status import Status
 
 from ..util.flags import env_flag
+from ..util.rate_limited_log import RateLimitedLogger
+from .backends import backend_of
 
 logger = logging.getLogger(__name__)
-LOG_INTERVAL_S = 10.0  # at most one failure warning per interval
-_last_log = [-LOG_INTERVAL_S]
+_rate_log = RateLimitedLogger(logger)  # at most one failure warning per 10 s
 
 BATCHED_INGESTION_ENV = "AIBRIX_EIC_BATCHED_INGESTION"
 BATCHED_LOG_LINE = "AIBrix's synchronous L1 ingestion is batched"  # the start-up log; benchmarks/serve.py looks for it
@@ -125,17 +125,10 @@ def _batching_setter(original: Setter) -> Setter:
 
 
 def _our_backend(manager: object) -> object | None:
-    """The manager's L2 backend if it is one of our connectors (directly or
-    as a member of AIBrix's cluster placement), else None."""
-    if manager is None or getattr(manager, "_l2_ingestion_callback", None) is None:
+    """The manager's L2 backend if it is one of the connectors batch_ingestion was given."""
+    if getattr(manager, "_l2_ingestion_callback", None) is None:
         return None
-    backend = getattr(getattr(manager, "_l2_cache", None), "_backend", None)
-    if backend is None:
-        return None
-    if backend in _BATCHED_BACKENDS:
-        return backend
-    members = getattr(backend, "members", None) or ()
-    return next((m.conn for m in members if getattr(m, "conn", None) in _BATCHED_BACKENDS), None)
+    return backend_of(manager, _BATCHED_BACKENDS)
 
 
 class _Scope(threading.local):
@@ -230,10 +223,9 @@ async def _put_runs(manager: Any, runs: Sequence[tuple[Any, Any, list[Any]]]) ->
 
 
 def _log_failure(what: object) -> None:
-    now = time.monotonic()
-    if now - _last_log[0] >= LOG_INTERVAL_S:  # a race only costs a second line
-        _last_log[0] = now
-        logger.warning("EIC: a batched L1 ingestion put failed; its blocks are not in L2: %s", what)
+    _rate_log.log(
+        "ingestion", logging.WARNING, "EIC: a batched L1 ingestion put failed; its blocks are not in L2: %s", what
+    )
 
 
 def group_runs(pending: Sequence[tuple[Any, Any]]) -> list[tuple[Any, Any, list[Any]]]:

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import EICConfig
 from ..observability.counters import Counters
-from ..observability.logs import RateLimitedLogger
 from ..observability.metrics import ConnectorMetrics, NoMetrics
+from ..util.rate_limited_log import RateLimitedLogger
 from .pool import GET_PRIORITY, PUT_PRIORITY, PriorityThreadPool
 from .resilience import CircuitBreaker, Deadline, ExponentialBackoff
 from .sdk import FAIL, MISS, CallResult, Outcome, SdkBuffer, SdkClient

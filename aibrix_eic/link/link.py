@@ -20,8 +20,8 @@ from aibrix_kvcache.status import Status, StatusCodes
 
 from ..config import ConfigError, EICConfig
 from ..observability.counters import Counters
-from ..observability.logs import RateLimitedLogger
 from ..observability.metrics import StoreUsage
+from ..util.rate_limited_log import RateLimitedLogger
 from .calls import LinkCalls
 from .pool import PriorityThreadPool
 from .probe import Recovery, warm_up

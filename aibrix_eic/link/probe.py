@@ -12,7 +12,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING
 
 from ..config import ConfigError, EICConfig
-from ..observability.logs import RateLimitedLogger
+from ..util.rate_limited_log import RateLimitedLogger
 from .pool import PROBE_PRIORITY
 from .resilience import call_with_timeout
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from ..config import EICConfig
 from ..observability.counters import Counters
-from ..observability.logs import RateLimitedLogger
+from ..util.rate_limited_log import RateLimitedLogger
 from .link import Link
 
 

@@ -204,6 +204,29 @@ def test_writes_pending_when_a_process_exits_without_close_are_flushed(four, sto
     assert check == {"blocks": NBLOCKS, "bad_blocks": []}, check
 
 
+def test_after_the_writers_flush_another_process_reads_every_block(four, store_dir):
+    """AIBrix's PD prefiller puts a prompt, calls the manager's flush() and
+    then answers, and the decoder reads the prompt from the L2 in another
+    process at once. With write-behind (the default) a put returns before
+    its blocks are stored; flush() must not (aibrix_compat/flush.py). The
+    writer's store is slow, so without that wait the reader would miss."""
+    slow = write_config(
+        os.path.join(store_dir, "slow-flush.yaml"),
+        remote_url=f"local://xp?dir={store_dir}/store&create=1&latency=300ms",
+    )
+    writer = WorkerProcess(slow, 8, SMALL_BLOCKS, store_dir).ready()
+    try:
+        reply = writer.call("put_then_flush", query_seed=60, nblocks=NBLOCKS, payload_seed=800)
+        assert reply["ok"] and reply["pending_after_put"] > 0, f"nothing was pending: the test proves nothing {reply}"
+        assert reply["pending_after_flush"] == 0 and reply["flush"].endswith("OK)"), reply
+        assert four[1].call("get", query_seed=60, nblocks=NBLOCKS, payload_seed=800) == {
+            "ntokens": NBLOCKS * BLOCK_NTOKENS,
+            "exact": True,
+        }
+    finally:
+        writer.kill()
+
+
 def test_a_writer_killed_mid_put_never_makes_another_process_read_a_partial_block(four):
     """The writer overwrites one query round after round (payload seed =
     round) and is SIGKILLed in the middle; the reader gets blocks that are

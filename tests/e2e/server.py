@@ -35,12 +35,15 @@ TYPE2_CPU = dict(TYPE1_CPU, kv_connector_module_path="cpu_type2")
 
 
 def pd_reuse_cpu(kv_role: str, engine_id: str) -> dict:
-    """AIBrixPDReuseConnector: a prefiller is kv_both, a decoder kv_consumer."""
+    """aibrix_eic's PD connector (AIBrix's AIBrixPDReuseConnector with the
+    decoder's failed loads reported): a prefiller is kv_both, a decoder
+    kv_consumer; a decoder request whose prompt is not in EIC is recomputed."""
     return {
-        "kv_connector": "AIBrixPDReuseConnector",
+        "kv_connector": "EICPDReuseConnector",
         "kv_role": kv_role,
         "engine_id": engine_id,
         "kv_connector_module_path": "cpu_pd_reuse",
+        "kv_load_failure_policy": "recompute",
     }
 
 
@@ -288,6 +291,10 @@ class Server:
         if not self.log_path.exists():
             return "(no log)"
         return "\n".join(self.log().splitlines()[-lines:])
+
+    def count_log(self, pattern: str) -> int:
+        """Matches of a multiline regex in the log so far."""
+        return len(re.findall(pattern, self.log(), re.MULTILINE))
 
     def wait_log(self, pattern: str, timeout_s: float = 30.0, count: int = 1) -> list[re.Match]:
         """The first `count` matches of a multiline regex in the log."""

@@ -1,5 +1,7 @@
-"""Disaggregated prefill/decode through EIC: AIBrix's AIBrixPDReuseConnector
-on a prefill server (kv_both) and a decode server (kv_consumer), both on one
+"""Disaggregated prefill/decode through EIC: our PD connector
+(aibrix_eic.pd.connector: AIBrix's AIBrixPDReuseConnector with the decoder's
+failed loads reported to vLLM) on a prefill server (kv_both) and a decode
+server (kv_consumer, kv_load_failure_policy recompute), both on one
 shared engine store (`local://pd?dir=...`), behind a test-owned proxy that
 does what a PD router does (pd_proxy.py): prefill with `do_remote_decode`
 and one token, then decode with the `kv_transfer_params` the prefiller
@@ -37,16 +39,6 @@ PROMPT_BLOCKS = math.ceil(PROMPT_LEN / ENGINE_BLOCK)
 # measured (KV that is not the prompt's changes the tokens themselves, see
 # the eviction test).
 PD_LOGPROB_TOL = 1e-3
-# AIBrix 0.8.0's AIBrixPDReuseConnector reports a decoder's request received
-# whatever its load from the L2 returned (_recv_kv_from_cache_impl stops at
-# the first missing chunk, get_finished lists the request all the same, and
-# it reports no failed blocks), so vLLM decodes from KV blocks nothing
-# wrote. Our L2 answers the miss (NOT_FOUND, or the open circuit's error);
-# what the decoder does with it is AIBrix's.
-AIBRIX_PD_MISS = (
-    "AIBrix 0.8.0's PD connector marks a request received after a failed load "
-    "and the decoder answers from KV it never loaded (docs/aibrix-upstream-reports.md)"
-)
 
 
 def _spec(name: str, kv_role: str, **env: str):
@@ -176,25 +168,30 @@ def _decode_after_prefill(pd: PD, name: str, between) -> Completion:
     return pd.decode.complete(PROMPTS[name], kv_transfer_params=step.kv_transfer_params)
 
 
-def _recomputed(out: Completion, want: Completion, what: str) -> None:
-    """The decoder's answer to a prompt whose KV it could not load. Only
-    the symptom of AIBrix's defect (other tokens) is an expected failure."""
-    if out.token_ids != want.token_ids:
-        pytest.xfail(AIBRIX_PD_MISS)
+def _recomputed(pd: PD, out: Completion, want: Completion, what: str, recoveries_before: int) -> None:
+    """The decoder's answer to a prompt whose KV it could not load: computed
+    by the decoder, the colocated server's tokens and logprobs. AIBrix's own
+    PD connector answered these from KV it never loaded."""
+    assert pd.decode.reuse(out) == 0  # our L2 answered the miss: nothing was loaded
     assert_same_output(out, want, what)
+    # vLLM heard of the failed load from the connector and rescheduled the request
+    pd.decode.wait_log(RECOVERED, count=recoveries_before + 1)
+
+
+RECOVERED = r"Recovered from KV load failure"
 
 
 # Last: the faults below leave the decoder's breaker open for a while.
 def test_kv_evicted_before_the_decoder_reads_it_is_recomputed(pd, baseline):
+    before = pd.decode.count_log(RECOVERED)
     out = _decode_after_prefill(pd, "p4", lambda: pd.decode.probe("evict", {"clear": True}))
-    assert pd.decode.reuse(out) == 0  # our L2 answered the miss: nothing was loaded
-    _recomputed(out, baseline["p4"], "decoder after the prompt's KV was evicted")
+    _recomputed(pd, out, baseline["p4"], "decoder after the prompt's KV was evicted", before)
 
 
 def test_store_down_when_the_decoder_reads_is_recomputed(pd, baseline):
+    before = pd.decode.count_log(RECOVERED)
     try:
         out = _decode_after_prefill(pd, "p5", lambda: pd.decode.probe("down", {"params": "unreachable=true"}))
     finally:
         pd.decode.probe("up", {"params": "unreachable=false"})
-    assert pd.decode.reuse(out) == 0
-    _recomputed(out, baseline["p5"], "decoder with the store down")
+    _recomputed(pd, out, baseline["p5"], "decoder with the store down", before)

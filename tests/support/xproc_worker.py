@@ -78,6 +78,22 @@ class Worker:
         wait_flushed(self.manager)  # visible to other processes from here on
         return {"ok": status.is_ok(), "status": str(status)}
 
+    def put_then_flush(self, query_seed: int, nblocks: int, payload_seed: int) -> dict:
+        """Put, then the manager's flush(), as AIBrix's PD prefiller does
+        before its response sends a decoder to read the prompt; no other
+        wait. What the flush left pending is in the reply."""
+        from harness import send, tokens
+
+        status = send(self.manager, tokens(nblocks, query_seed), payload_seed)
+        pending_after_put = self.connector.health()["write_behind_pending"]
+        flushed = self.manager.flush()
+        return {
+            "ok": status.is_ok(),
+            "flush": str(flushed),
+            "pending_after_put": pending_after_put,
+            "pending_after_flush": self.connector.health()["write_behind_pending"],
+        }
+
     def get(self, query_seed: int, nblocks: int, payload_seed: int) -> dict:
         from harness import receive, tokens
 

@@ -8,6 +8,7 @@ import types
 import pytest
 
 from aibrix_eic.observability import logs
+from aibrix_eic.util.rate_limited_log import RateLimitedLogger
 
 
 @pytest.fixture
@@ -84,7 +85,5 @@ def test_rate_limited_lines_name_their_caller(loggers, monkeypatch):
     vllm.setLevel(logging.INFO)
     ours.setLevel(logging.NOTSET)
     logs.route_to_vllm()
-    logs.RateLimitedLogger(logging.getLogger("aibrix_eic.link.link")).log(
-        "k", logging.WARNING, "EIC call failed: %s", "x"
-    )
+    RateLimitedLogger(logging.getLogger("aibrix_eic.link.link")).log("k", logging.WARNING, "EIC call failed: %s", "x")
     assert "[test_logs_vllm.py:" in stream.getvalue(), stream.getvalue()
