@@ -25,8 +25,9 @@ server at a time, so none steals another's cores. Phases:
 - `type2`: as `eic` with AIBrix's Type2 connector (layer-wise save and
   load; the suite's cpu_type2 adapter) instead of Type1.
 - `pd`: prefill/decode disaggregation through our L2: a prefill server and
-  a decode server with AIBrix's AIBrixPDReuseConnector (cpu_pd_reuse
-  adapter) on one shared engine store, both up at once (so they share the
+  a decode server with aibrix_eic.pd.connector's EICPDReuseConnector
+  (AIBrix's AIBrixPDReuseConnector, through the cpu_pd_reuse adapter) on
+  one shared engine store, both up at once (so they share the
   cores), and the suite's PD proxy (tests/e2e/pd_proxy.py) in front; the
   client talks to the proxy. Pass 2 sends the same prompts again: the
   prefiller then reloads them from the store too. The figures of a pass
@@ -56,6 +57,12 @@ to a 2-core CPU: a 136 M-parameter fp32 model instead of a 70B one,
 queue that would hide TTFT. Goodput thresholds: --goodput (vLLM's syntax,
 milliseconds; default TTFT 2000, TPOT 1000).
 
+--passes 3 sends the prompts a third time: with L1 on and `HOT` ingestion
+pass 2 also writes to L2 every block it reads from L1 for the first time
+(what L1 off wrote during pass 1), so pass 3 is the reload once that is
+done. --profile samples each server's CPU during pass 2 with py-spy and
+charges it to the component whose code runs (benchmarks/cpu_profile.py).
+
 Per phase and pass: request and token throughput, TTFT mean/p50/p90/p99,
 TPOT p50/p99, goodput, failed requests, peak RSS of the server's process
 tree (sampled every 0.5 s), tokens reused (AIBrix's "reused N tokens" log
@@ -83,6 +90,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "benchmarks"), str(REPO / "tests" / "e2e")]
 
 import model  # noqa: E402
+from cpu_profile import Recording  # noqa: E402
 from e2e_ttft import aibrix_reused_tokens, asdict_spec, prefix_cache_counters, stream_request, versions  # noqa: E402
 from pd_proxy import PDProxy  # noqa: E402
 from server import ENGINE_BLOCK, MODEL_NAME, TYPE2_CPU, Server, metric_value, pd_reuse_cpu  # noqa: E402
@@ -94,8 +102,8 @@ BATCHED_LOG_LINE = "AIBrix's synchronous L1 ingestion is batched"
 
 PHASES = ("plain", "eic", "eic-default", "eic-default-stock", "eic-evicted", "upstream", "vllm-prefix", "type2", "pd")
 CONTROLS = ("mock", "l1-only", "mock-default")  # run only when named in --phases
-PASSES = ("pass1", "pass2")
 DEFAULT_GOODPUT = ["ttft:2000", "tpot:1000"]
+PY_SPY = str(Path(sys.executable).parent / "py-spy")  # tests/e2e/requirements.txt installs it
 
 
 # ------------------------------------------------------------ servers
@@ -402,7 +410,16 @@ def run_phase(name: str, model_dir: Path, workdir: Path, args: argparse.Namespac
         ready_s = time.perf_counter() - started
         print(f"{name}: ready in {ready_s:.0f} s, measuring", file=sys.stderr)
         base_url = proxy.url if proxy else None
-        phase: dict = {p: run_pass(server, model_dir, args, base_url, pids) for p in PASSES}
+        phase: dict = {}
+        for number in range(1, args.passes + 1):
+            profile = (
+                Recording(server.proc.pid, server.workdir / f"{name}-pass{number}.pyspy", PY_SPY)
+                if (args.profile and number == 2)
+                else None
+            )
+            phase[f"pass{number}"] = run_pass(server, model_dir, args, base_url, pids)
+            if profile is not None:
+                phase[f"pass{number}"]["profile"] = profile.stop()
     finally:
         if proxy is not None:
             proxy.stop()
@@ -436,11 +453,16 @@ def goals(ratios: dict) -> dict:
     return {label: bool(ratios[label] <= bound) for label, bound in GOALS.items() if label in ratios}
 
 
+def passes(phase: dict) -> list[str]:
+    return sorted(k for k in phase if k.startswith("pass"))
+
+
 def ratios(results: dict) -> dict:
-    """Same-run ratios of pass-2 TTFT p50."""
+    """Same-run ratios of pass-2 TTFT p50 (and of pass 3, where it ran, for
+    the L1-on pairs)."""
 
     def p50(phase: str, key: str = "p50_ttft_ms", pass_name: str = "pass2") -> float | None:
-        return results[phase][pass_name][key] if phase in results else None
+        return results[phase][pass_name][key] if phase in results and pass_name in results[phase] else None
 
     pairs = {
         "eic_over_vllm_prefix": ("eic", "vllm-prefix"),
@@ -465,6 +487,10 @@ def ratios(results: dict) -> dict:
     for label, (a, b) in pairs.items():
         if p50(a) is not None and p50(b):
             out[label] = p50(a) / p50(b)
+    for label in ("l1_on_over_l1_off", "eic_default_over_l1_only", "batched_over_stock_ingestion"):
+        a, b = pairs[label]
+        if p50(a, pass_name="pass3") is not None and p50(b, pass_name="pass3"):
+            out[f"{label}_pass3"] = p50(a, pass_name="pass3") / p50(b, pass_name="pass3")
     # PD against a colocated server computing the same prompts (pass 1 of
     # plain): first token through prefill + EIC + decode, and decode speed
     for label, key in (("pd_over_plain_pass1_ttft", "p50_ttft_ms"), ("pd_over_plain_pass1_tpot", "p50_tpot_ms")):
@@ -501,7 +527,7 @@ def table(run: dict) -> str:
         "| --- " * 18 + "|",
     ]
     for phase, result in run["results"].items():
-        lines += [table_row(phase, p[-1], result[p]) for p in PASSES]
+        lines += [table_row(phase, p[4:], result[p]) for p in passes(result)]
     lines.append("")
     lines.append("same-run ratios (pass-2 TTFT p50 unless the label names the pass and figure):")
     lines += [f"{label}: {value:.2f}x" for label, value in run["ratios"].items()]
@@ -509,6 +535,12 @@ def table(run: dict) -> str:
         f"goal {label} <= {GOALS[label]:g}x: {'met' if met else 'MISSED'}"
         for label, met in goals(run["ratios"]).items()
     ]
+    profiles = {k: v["pass2"]["profile"] for k, v in run["results"].items() if "profile" in v.get("pass2", {})}
+    if profiles:
+        lines.append("pass-2 CPU seconds of the server's processes, by component (py-spy, benchmarks/cpu_profile.py):")
+        for phase, profile in profiles.items():
+            parts = ", ".join(f"{name} {s:.1f}" for name, s in profile["cpu_s"].items())
+            lines.append(f"  {phase}: total {profile['total_cpu_s']:.1f}: {parts}")
     lines.append("phase wall (s): " + ", ".join(f"{k} {v['wall_s']:.0f}" for k, v in run["results"].items()))
     logged = {k: v["batched_ingestion"] for k, v in run["results"].items() if "batched_ingestion" in v}
     if logged:
@@ -534,6 +566,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--l1-gb", type=float, default=2.0, help="eic-default's L1 capacity")
     parser.add_argument("--evicted-l1-gb", type=float, default=0.5, help="eic-evicted's L1 capacity")
     parser.add_argument("--runs", type=int, default=1, help="repeat the chosen phases N times, consecutively")
+    parser.add_argument("--passes", type=int, default=2, choices=(2, 3), help="3: a third pass, after HOT ingestion")
+    parser.add_argument("--profile", action="store_true", help="py-spy each server's CPU during pass 2")
     parser.add_argument("--json", default=str(REPO / "bench-out" / "serve.json"))
     args = parser.parse_args(argv)
     args.phases = [p.strip() for p in args.phases.split(",") if p.strip()]
@@ -563,6 +597,8 @@ def main(argv: list[str] | None = None) -> int:
             k: getattr(args, k)
             for k in ("prompts", "prompt_len", "output_len", "request_rate", "max_concurrency", "seed", "goodput")
         },
+        "passes": args.passes,
+        "profiled": args.profile,
         "l1_gb": args.l1_gb,
         "evicted_l1_gb": args.evicted_l1_gb,
         "runs": runs,

@@ -30,7 +30,7 @@ def serve():
         spec.loader.exec_module(module)
     finally:
         sys.path[:] = saved_path
-        for name in ("model", "server", "e2e_ttft", "pd_proxy"):
+        for name in ("model", "server", "e2e_ttft", "pd_proxy", "cpu_profile"):
             if name not in saved_modules:
                 sys.modules.pop(name, None)
     return module
@@ -265,3 +265,51 @@ def test_goals_judged_from_numpy_ratios_can_be_written_as_json(serve):
 
     judged = serve.goals({"l1_on_over_l1_off": np.float64(2.78), "eic_default_over_l1_only": np.float64(1.2)})
     assert json.loads(json.dumps(judged)) == {"l1_on_over_l1_off": False, "eic_default_over_l1_only": True}
+
+
+def test_a_third_pass_gets_its_own_rows_and_l1_on_ratios(serve):
+    results = {
+        "eic": {"pass1": _pass(9000), "pass2": _pass(300), "pass3": _pass(300), "wall_s": 1.0},
+        "eic-default": {"pass1": _pass(9000), "pass2": _pass(900), "pass3": _pass(330), "wall_s": 1.0},
+        "l1-only": {"pass1": _pass(9000), "pass2": _pass(200), "pass3": _pass(220), "wall_s": 1.0},
+    }
+    ratios = serve.ratios(results)
+    assert ratios["l1_on_over_l1_off"] == pytest.approx(3.0)
+    assert ratios["l1_on_over_l1_off_pass3"] == pytest.approx(1.1)
+    assert ratios["eic_default_over_l1_only_pass3"] == pytest.approx(1.5)
+    table = serve.table({"results": results, "ratios": ratios})
+    assert table.count("| 3 |") == 3, table
+
+
+def test_a_profiled_pass_is_summarised_under_the_table(serve):
+    profile = {"cpu_s": {"model forward": 40.0, "engine store (embedded EIC)": 12.5}, "total_cpu_s": 52.5}
+    results = {"eic-default": {"pass1": _pass(9000), "pass2": {**_pass(900), "profile": profile}, "wall_s": 1.0}}
+    table = serve.table({"results": results, "ratios": serve.ratios(results)})
+    assert "eic-default: total 52.5: model forward 40.0, engine store (embedded EIC) 12.5" in table
+
+
+def test_cpu_samples_are_charged_to_the_innermost_component():
+    spec = importlib.util.spec_from_file_location("cpu_profile_under_test", REPO / "benchmarks" / "cpu_profile.py")
+    cpu_profile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cpu_profile)
+
+    raw = "\n".join(
+        [
+            # the engine's copy, called by our connector, called by AIBrix: the engine's
+            "run (threading.py:1) ;put (aibrix_kvcache/l2/l2_cache.py:5);mput (aibrix_eic/connector.py:9);_write (aibrix_eic/engine/shared_store.py:3);memmove (ctypes/__init__.py:2) 7",
+            # the model's torch call: the model's; vLLM's loop around it: vLLM's
+            "step (vllm/v1/engine/core.py:1);forward (vllm/model_executor/models/llama.py:4);linear (torch/nn/functional.py:2) 5",
+            "step (vllm/v1/engine/core.py:1);schedule (vllm/v1/core/sched/scheduler.py:3) 2",
+            # AIBrix's vLLM connector module lives under a 'vllm/' folder: still AIBrix's
+            "step (vllm/v1/engine/core.py:1);start_load (aibrix_kvcache/integration/vllm/kv_connector/x.py:8) 3",
+            "select (selectors.py:3) 1",
+            "not a sample line",
+        ]
+    )
+    assert cpu_profile.summarise(raw) == {
+        "engine store (embedded EIC)": 7,
+        "model forward": 5,
+        "vLLM (scheduler, runner, API server)": 2,
+        "AIBrix (cache manager, L1, connector)": 3,
+        cpu_profile.OTHER: 1,
+    }
