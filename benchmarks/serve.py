@@ -60,8 +60,10 @@ milliseconds; default TTFT 2000, TPOT 1000).
 --passes 3 sends the prompts a third time: with L1 on and `HOT` ingestion
 pass 2 also writes to L2 every block it reads from L1 for the first time
 (what L1 off wrote during pass 1), so pass 3 is the reload once that is
-done. --profile samples each server's CPU during pass 2 with py-spy and
-charges it to the component whose code runs (benchmarks/cpu_profile.py).
+done. --profile cpu samples each server's CPU during pass 2 with py-spy and
+charges it to the component whose code runs; --profile step samples its
+worker's model steps, running or waiting, which is what requests wait on
+(benchmarks/cpu_profile.py).
 
 Per phase and pass: request and token throughput, TTFT mean/p50/p90/p99,
 TPOT p50/p99, goodput, failed requests, peak RSS of the server's process
@@ -413,7 +415,7 @@ def run_phase(name: str, model_dir: Path, workdir: Path, args: argparse.Namespac
         phase: dict = {}
         for number in range(1, args.passes + 1):
             profile = (
-                Recording(server.proc.pid, server.workdir / f"{name}-pass{number}.pyspy", PY_SPY)
+                Recording(server.proc.pid, server.workdir / f"{name}-pass{number}.pyspy", PY_SPY, mode=args.profile)
                 if (args.profile and number == 2)
                 else None
             )
@@ -537,10 +539,12 @@ def table(run: dict) -> str:
     ]
     profiles = {k: v["pass2"]["profile"] for k, v in run["results"].items() if "profile" in v.get("pass2", {})}
     if profiles:
-        lines.append("pass-2 CPU seconds of the server's processes, by component (py-spy, benchmarks/cpu_profile.py):")
+        lines.append(
+            "pass-2 seconds by component (py-spy, benchmarks/cpu_profile.py; cpu: the server's CPU, step: its model steps):"
+        )
         for phase, profile in profiles.items():
-            parts = ", ".join(f"{name} {s:.1f}" for name, s in profile["cpu_s"].items())
-            lines.append(f"  {phase}: total {profile['total_cpu_s']:.1f}: {parts}")
+            parts = ", ".join(f"{name} {s:.1f}" for name, s in profile["seconds"].items())
+            lines.append(f"  {phase} ({profile['mode']}): total {profile['total_s']:.1f}: {parts}")
     lines.append("phase wall (s): " + ", ".join(f"{k} {v['wall_s']:.0f}" for k, v in run["results"].items()))
     logged = {k: v["batched_ingestion"] for k, v in run["results"].items() if "batched_ingestion" in v}
     if logged:
@@ -567,7 +571,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--evicted-l1-gb", type=float, default=0.5, help="eic-evicted's L1 capacity")
     parser.add_argument("--runs", type=int, default=1, help="repeat the chosen phases N times, consecutively")
     parser.add_argument("--passes", type=int, default=2, choices=(2, 3), help="3: a third pass, after HOT ingestion")
-    parser.add_argument("--profile", action="store_true", help="py-spy each server's CPU during pass 2")
+    parser.add_argument(
+        "--profile",
+        choices=("cpu", "step"),
+        help="py-spy the server during pass 2: its CPU, or its worker's model step (running or waiting)",
+    )
     parser.add_argument("--json", default=str(REPO / "bench-out" / "serve.json"))
     args = parser.parse_args(argv)
     args.phases = [p.strip() for p in args.phases.split(",") if p.strip()]

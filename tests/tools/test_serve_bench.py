@@ -282,10 +282,10 @@ def test_a_third_pass_gets_its_own_rows_and_l1_on_ratios(serve):
 
 
 def test_a_profiled_pass_is_summarised_under_the_table(serve):
-    profile = {"cpu_s": {"model forward": 40.0, "engine store (embedded EIC)": 12.5}, "total_cpu_s": 52.5}
+    profile = {"mode": "cpu", "seconds": {"model forward": 40.0, "engine store (embedded EIC)": 12.5}, "total_s": 52.5}
     results = {"eic-default": {"pass1": _pass(9000), "pass2": {**_pass(900), "profile": profile}, "wall_s": 1.0}}
     table = serve.table({"results": results, "ratios": serve.ratios(results)})
-    assert "eic-default: total 52.5: model forward 40.0, engine store (embedded EIC) 12.5" in table
+    assert "eic-default (cpu): total 52.5: model forward 40.0, engine store (embedded EIC) 12.5" in table
 
 
 def test_cpu_samples_are_charged_to_the_innermost_component():
@@ -298,7 +298,8 @@ def test_cpu_samples_are_charged_to_the_innermost_component():
             # the engine's copy, called by our connector, called by AIBrix: the engine's
             "run (threading.py:1) ;put (aibrix_kvcache/l2/l2_cache.py:5);mput (aibrix_eic/connector.py:9);_write (aibrix_eic/engine/shared_store.py:3);memmove (ctypes/__init__.py:2) 7",
             # the model's torch call: the model's; vLLM's loop around it: vLLM's
-            "step (vllm/v1/engine/core.py:1);forward (vllm/model_executor/models/llama.py:4);linear (torch/nn/functional.py:2) 5",
+            "run (aibrix_kvcache/integration/vllm/kv_connector/__init__.py:7);forward (vllm/model_executor/models/llama.py:4);onednn_mm (vllm/_custom_ops.py:3);__call__ (torch/_ops.py:2) 5",
+            "busy (vllm/v1/executor/x.py:1);acquire_read (vllm/distributed/device_communicators/shm_broadcast.py:8);sched_yield (vllm/distributed/utils.py:4) 4",
             "step (vllm/v1/engine/core.py:1);schedule (vllm/v1/core/sched/scheduler.py:3) 2",
             # AIBrix's vLLM connector module lives under a 'vllm/' folder: still AIBrix's
             "step (vllm/v1/engine/core.py:1);start_load (aibrix_kvcache/integration/vllm/kv_connector/x.py:8) 3",
@@ -309,7 +310,13 @@ def test_cpu_samples_are_charged_to_the_innermost_component():
     assert cpu_profile.summarise(raw) == {
         "engine store (embedded EIC)": 7,
         "model forward": 5,
+        "vLLM waiting for work (shm queue spin)": 4,
         "vLLM (scheduler, runner, API server)": 2,
         "AIBrix (cache manager, L1, connector)": 3,
         cpu_profile.OTHER: 1,
+    }
+    # the step view keeps the worker's model step only
+    step = "run (threading.py:1);execute_model (vllm/v1/worker/gpu_model_runner.py:2);result (concurrent/futures/_base.py:3) 9"
+    assert cpu_profile.summarise(raw + "\n" + step, within=cpu_profile.STEP_FRAME) == {
+        "vLLM (scheduler, runner, API server)": 9
     }
