@@ -105,6 +105,10 @@ BATCHED_LOG_LINE = "AIBrix's synchronous L1 ingestion is batched"
 PHASES = ("plain", "eic", "eic-default", "eic-default-stock", "eic-evicted", "upstream", "vllm-prefix", "type2", "pd")
 CONTROLS = ("mock", "l1-only", "mock-default")  # run only when named in --phases
 DEFAULT_GOODPUT = ["ttft:2000", "tpot:1000"]
+# The e2e probe (tests/e2e/probe) snapshots the engine's counters in every
+# server that loads it; at its test interval of 0.2 s it took about 4 s of
+# CPU in a 50 s pass (py-spy), CPU that phases without the engine never pay.
+QUIET_PROBE = {"E2E_PROBE_INTERVAL_S": "2"}
 PY_SPY = str(Path(sys.executable).parent / "py-spy")  # tests/e2e/requirements.txt installs it
 
 
@@ -129,6 +133,7 @@ def phase_servers(name: str, model_dir: Path, workdir: Path, args: argparse.Name
         # two servers at once: less of the machine's memory for each one's KV cache
         env = {
             "VLLM_CPU_KVCACHE_SPACE": "2",
+            **QUIET_PROBE,
             "VLLM_CPU_OMP_THREADS_BIND": "0-1",
             "AIBRIX_KV_CACHE_OL_EIC_CONFIG": str(config),
             "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
@@ -142,7 +147,7 @@ def phase_server(name: str, model_dir: Path, workdir: Path, args: argparse.Names
     """The server of one single-server phase, not started."""
     # Both cores for every server: vLLM's automatic binding reserves one
     # core without a KV connector and none with one (see e2e_ttft.py).
-    env = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+    env = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "0-1", **QUIET_PROBE}
     if name in ("plain", "vllm-prefix"):
         return Server(name, model_dir, workdir, connector=False, prefix_caching=name == "vllm-prefix", env=env)
     phase_dir = workdir / name
