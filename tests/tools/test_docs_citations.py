@@ -51,6 +51,7 @@ EXTERNAL_IN_CODE = {
     "retry.py": "redis-py",
     "backoff.py": "redis-py",
     "prometheus.py": "vLLM, vllm/v1/metrics/prometheus.py",
+    "shm_broadcast.py": "vLLM, vllm/distributed/device_communicators/shm_broadcast.py",
 }
 # Files our code writes at run time, named in its comments.
 WRITTEN_FILES = {"bench-eic.yaml", "aibrix_eic_breaker_bench.yaml", "upstream.yaml"}
