@@ -38,11 +38,31 @@ def copy_kernels(layout: types.ModuleType):
     `offload` (kv_layout for vLLM 0.32's CPU cache, kv_layout_paged for
     vLLM 0.10.2's)."""
 
-    def onload(blocks, kv_caches, slot_mapping, block_size, kv_cache_dtype, k_scales, v_scales, layout_name, kv_layout_blocks_first=False):
+    def onload(
+        blocks,
+        kv_caches,
+        slot_mapping,
+        block_size,
+        kv_cache_dtype,
+        k_scales,
+        v_scales,
+        layout_name,
+        kv_layout_blocks_first=False,
+    ):
         _check_copy_args(kv_cache_dtype, layout_name)
         layout.onload(blocks, kv_caches, slot_mapping)
 
-    def offload(blocks, kv_caches, slot_mapping, block_size, kv_cache_dtype, k_scales, v_scales, layout_name, kv_layout_blocks_first=False):
+    def offload(
+        blocks,
+        kv_caches,
+        slot_mapping,
+        block_size,
+        kv_cache_dtype,
+        k_scales,
+        v_scales,
+        layout_name,
+        kv_layout_blocks_first=False,
+    ):
         _check_copy_args(kv_cache_dtype, layout_name)
         layout.offload(blocks, kv_caches, slot_mapping)
 
@@ -68,7 +88,9 @@ class CpuTorch(types.ModuleType):
 
     def __init__(self) -> None:
         super().__init__("torch")
-        self.cuda = types.SimpleNamespace(Stream=CpuStream, stream=torch.cpu.stream, current_stream=torch.cpu.current_stream)
+        self.cuda = types.SimpleNamespace(
+            Stream=CpuStream, stream=torch.cpu.stream, current_stream=torch.cpu.current_stream
+        )
 
     def __getattr__(self, name: str):
         return getattr(torch, name)

@@ -31,7 +31,10 @@ import AIBrix 0.8.0's vLLM integration). It also routes AIBrix's INFO lines (sen
 suite asserts on) to vLLM's log handler.
 """
 
+# first: cpu_adapt sets AIBrix's switches before AIBrix's modules load
 from cpu_adapt import CPU_BACKEND, adapt, route_aibrix_logs_to_vllm
+
+# isort: split
 from aibrix_kvcache.integration.vllm.kv_connector import (
     aibrix_offloading_connector_type1 as _type1,
 )

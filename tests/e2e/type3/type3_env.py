@@ -11,7 +11,9 @@ def require_type3_venv() -> None:
     try:
         import vllm
     except ImportError:
-        pytest.skip("the Type3 suite runs in .venv-type3 (make e2e-type3): vLLM is not installed here", allow_module_level=True)
+        pytest.skip(
+            "the Type3 suite runs in .venv-type3 (make e2e-type3): vLLM is not installed here", allow_module_level=True
+        )
     if not vllm.__version__.startswith("0.10.2"):
         pytest.skip(
             f"the Type3 suite runs in .venv-type3 (make e2e-type3): vLLM here is {vllm.__version__}, not 0.10.2",

@@ -25,7 +25,7 @@ def weaken(path: str, version: str) -> int:
         data = bytearray(f.read())
         if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
             raise SystemExit(f"{path}: not a little-endian ELF64 file")
-        shoff, = struct.unpack_from("<Q", data, 0x28)
+        (shoff,) = struct.unpack_from("<Q", data, 0x28)
         shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
         sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
         changed = 0
