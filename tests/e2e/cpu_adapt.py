@@ -38,35 +38,24 @@ def copy_kernels(layout: types.ModuleType):
     `offload` (kv_layout for vLLM 0.32's CPU cache, kv_layout_paged for
     vLLM 0.10.2's)."""
 
-    def onload(
-        blocks,
-        kv_caches,
-        slot_mapping,
-        block_size,
-        kv_cache_dtype,
-        k_scales,
-        v_scales,
-        layout_name,
-        kv_layout_blocks_first=False,
-    ):
-        _check_copy_args(kv_cache_dtype, layout_name)
-        layout.onload(blocks, kv_caches, slot_mapping)
+    def kernel(copy):
+        def run(
+            blocks,
+            kv_caches,
+            slot_mapping,
+            block_size,
+            kv_cache_dtype,
+            k_scales,
+            v_scales,
+            layout_name,
+            kv_layout_blocks_first=False,
+        ):
+            _check_copy_args(kv_cache_dtype, layout_name)
+            copy(blocks, kv_caches, slot_mapping)
 
-    def offload(
-        blocks,
-        kv_caches,
-        slot_mapping,
-        block_size,
-        kv_cache_dtype,
-        k_scales,
-        v_scales,
-        layout_name,
-        kv_layout_blocks_first=False,
-    ):
-        _check_copy_args(kv_cache_dtype, layout_name)
-        layout.offload(blocks, kv_caches, slot_mapping)
+        return run
 
-    return onload, offload
+    return kernel(layout.onload), kernel(layout.offload)
 
 
 class CpuStream(torch.cpu.Stream):

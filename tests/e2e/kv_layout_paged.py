@@ -63,18 +63,28 @@ def _token_rows(blocks: Sequence[torch.Tensor], num_tokens: int, block_tokens: i
         yield index * block_tokens, count, block
 
 
+def _plan(blocks: Sequence[torch.Tensor], layer_caches: Sequence[torch.Tensor], slot_mapping: torch.Tensor):
+    """The copy's dimensions, the tokens' engine blocks and offsets, and a
+    staging tensor [layers, 2, tokens, heads, head_size]; None for no tokens."""
+    num_tokens = slot_mapping.numel()
+    if num_tokens == 0:
+        return None
+    layers, block_tokens, heads, head_size, block_size = _check(blocks, layer_caches, num_tokens)
+    block_ids, offsets = _slots(slot_mapping, block_size)
+    staging = torch.empty((layers, 2, num_tokens, heads, head_size), dtype=layer_caches[0].dtype)
+    return num_tokens, block_tokens, heads, head_size, block_ids, offsets, staging
+
+
 def onload(
     blocks: Sequence[torch.Tensor], layer_caches: Sequence[torch.Tensor], slot_mapping: torch.Tensor, impl=None
 ) -> None:
     """Write the first len(slot_mapping) tokens of `blocks` into the cache slots."""
-    num_tokens = slot_mapping.numel()
-    if num_tokens == 0:
+    plan = _plan(blocks, layer_caches, slot_mapping)
+    if plan is None:
         return
-    layers, block_tokens, heads, head_size, block_size = _check(blocks, layer_caches, num_tokens)
-    staging = torch.empty((layers, 2, num_tokens, heads, head_size), dtype=blocks[0].dtype)
+    num_tokens, block_tokens, heads, head_size, block_ids, offsets, staging = plan
     for start, count, block in _token_rows(blocks, num_tokens, block_tokens):
         staging[:, :, start : start + count].copy_(block[:, :, :count])
-    block_ids, offsets = _slots(slot_mapping, block_size)
     for layer, cache in enumerate(layer_caches):
         key, value = _views(cache, heads, head_size, impl)
         key[block_ids, offsets] = staging[layer, 0].view(num_tokens, *key.shape[2:])
@@ -85,12 +95,10 @@ def offload(
     blocks: Sequence[torch.Tensor], layer_caches: Sequence[torch.Tensor], slot_mapping: torch.Tensor, impl=None
 ) -> None:
     """Read the cache slots' tokens into the first len(slot_mapping) token rows of `blocks`."""
-    num_tokens = slot_mapping.numel()
-    if num_tokens == 0:
+    plan = _plan(blocks, layer_caches, slot_mapping)
+    if plan is None:
         return
-    layers, block_tokens, heads, head_size, block_size = _check(blocks, layer_caches, num_tokens)
-    block_ids, offsets = _slots(slot_mapping, block_size)
-    staging = torch.empty((layers, 2, num_tokens, heads, head_size), dtype=layer_caches[0].dtype)
+    num_tokens, block_tokens, heads, head_size, block_ids, offsets, staging = plan
     for layer, cache in enumerate(layer_caches):
         key, value = _views(cache, heads, head_size, impl)
         staging[layer, 0] = key[block_ids, offsets].reshape(num_tokens, heads, head_size)
