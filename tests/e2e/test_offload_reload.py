@@ -13,6 +13,8 @@ from conftest import (
     FULL_REUSE,
     PROMPTS,
     VLLM_PREFIX,
+    assert_fork_reuses_shared_blocks,
+    assert_poisoned_reload_differs,
     assert_same_output,
     claim_server,
     first_send,
@@ -68,11 +70,7 @@ def test_first_send_offloads_then_reloads_reuse_it(server, baseline):
 
 def test_a_shared_prefix_reuses_only_the_shared_blocks(server, baseline):
     server.complete(PROMPTS["p0"])  # stored by the test above, or now
-    fork = server.complete(PROMPTS["p0-fork"])
-    reused = server.reuse(fork)
-    # p0-fork shares 600 tokens with p0: whole chunks of them at most
-    assert 0 < reused <= 600 // ENGINE_BLOCK * ENGINE_BLOCK and reused % ENGINE_BLOCK == 0, reused
-    assert_same_output(fork, baseline["p0-fork"], "fork")
+    assert_fork_reuses_shared_blocks(server, baseline)
 
 
 def test_concurrent_requests_offload_and_reload(server, baseline):
@@ -97,12 +95,5 @@ def test_reloaded_kv_really_comes_from_our_store(server, baseline):
     """Last in this module: overwrite every stored block through the engine;
     the next reload must then give different outputs. So the equal outputs
     above were computed from the KV our L2 returned, not recomputed."""
-    (result,) = server.probe("corrupt", {"corrupt": True})
-    assert "corrupted" in result["l1off"]
-    poisoned = server.complete(PROMPTS["p0"])
-    assert server.reuse(poisoned) == FULL_REUSE
-    assert (
-        poisoned.token_ids != baseline["p0"].token_ids
-        or max(abs(a - b) for a, b in zip(poisoned.logprobs, baseline["p0"].logprobs)) > 1.0
-    )
+    assert_poisoned_reload_differs(server, baseline, "l1off")
     assert re.search(VLLM_PREFIX, server.log(), re.MULTILINE)

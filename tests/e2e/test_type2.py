@@ -13,6 +13,9 @@ import pytest
 from conftest import (
     FULL_REUSE,
     PROMPTS,
+    assert_fork_reuses_shared_blocks,
+    assert_poisoned_reload_differs,
+    assert_replicas_reuse_each_other,
     assert_same_output,
     claim_server,
     first_send,
@@ -21,6 +24,7 @@ from conftest import (
     queue_server,
     shared_store_url,
     stop_server,
+    store_stats,
     write_config,
 )
 from server import ENGINE_BLOCK, TYPE1_CPU, TYPE2_CPU, Server
@@ -57,8 +61,7 @@ def peer(server, model_dir, workdir):
 
 
 def _store(server: Server) -> dict:
-    (snapshot,) = server.fresh_stats().values()
-    return snapshot["stores"][STORE]
+    return store_stats(server, STORE)
 
 
 def test_the_type2_connector_opens_our_l2(server, workdir):
@@ -82,37 +85,18 @@ def test_layerwise_offload_then_layerwise_reloads(server, baseline):
 
 
 def test_a_shared_prefix_reuses_only_the_shared_blocks(server, baseline):
-    fork = server.complete(PROMPTS["p0-fork"])
-    reused = server.reuse(fork)
-    assert 0 < reused <= 600 // ENGINE_BLOCK * ENGINE_BLOCK and reused % ENGINE_BLOCK == 0, reused
-    assert_same_output(fork, baseline["p0-fork"], "fork")
+    assert_fork_reuses_shared_blocks(server, baseline)
 
 
 def test_replicas_reuse_each_others_kv_across_connectors(server, peer, baseline):
     assert identity_token(server) == identity_token(peer)
-    # what the Type2 server stored, the Type1 peer reloads ...
-    reload = peer.complete(PROMPTS["p0"])
-    assert peer.reuse(reload) == FULL_REUSE
-    assert_same_output(reload, baseline["p0"], "Type1 peer's reload of Type2's p0")
-    # ... and what the peer computed, the Type2 server reloads layer by layer
-    first_send(peer, "p1", baseline)
-    peer.flushed_stats()
-    hits_before = _store(server)["hits"]
-    again = server.complete(PROMPTS["p1"])
-    assert server.reuse(again) == FULL_REUSE
-    assert_same_output(again, baseline["p1"], "Type2's reload of the peer's p1")
-    assert _store(server)["hits"] - hits_before == BLOCKS
+    # what the Type2 server stored, the Type1 peer reloads, and what the
+    # peer computed, the Type2 server reloads layer by layer
+    assert_replicas_reuse_each_other(server, peer, baseline, STORE)
 
 
 def test_reloaded_kv_really_comes_from_our_store(server, baseline):
     """Last: overwrite every stored block; the next layer-wise reload must
     give other outputs, so the equal outputs above were computed from the
     KV Type2 loaded from our L2 into every layer, not recomputed."""
-    (result,) = server.probe("corrupt", {"corrupt": True})
-    assert "corrupted" in result[STORE]
-    poisoned = server.complete(PROMPTS["p0"])
-    assert server.reuse(poisoned) == FULL_REUSE
-    assert (
-        poisoned.token_ids != baseline["p0"].token_ids
-        or max(abs(a - b) for a, b in zip(poisoned.logprobs, baseline["p0"].logprobs)) > 1.0
-    )
+    assert_poisoned_reload_differs(server, baseline, STORE)
