@@ -42,6 +42,7 @@ EXTERNAL = {
     "EICStorage": "SGLang's EIC storage",
     "CacheConfig": "vLLM",
     "madvise": "libc",
+    "cpu_attn.py": "vLLM, vllm/v1/attention/backends/cpu_attn.py",
     "gpu_model_runner.py": "vLLM, vllm/v1/worker/gpu_model_runner.py (AIBrix's 0.10.2 patch changes it)",
     "get_block_ids_with_load_errors": "vLLM, KVConnectorBase_V1 (vllm/distributed/kv_transfer/kv_connector/v1/base.py)",
     "test_request": "AIBrix's vLLM 0.10.2 patch, a scheduler hook Type3 needs (not a test)",
