@@ -11,9 +11,10 @@ digest of what makes the KV bytes:
   weights at different paths then share);
 - inside vLLM, every other fact below, read from the config vLLM publishes
   to worker code while it builds the KV connector
-  (`vllm.config.get_current_vllm_config_or_none()`, as in vLLM 0.32; the
-  worker holds it set while it builds the KV connector, and AIBrix builds
-  its cache manager, and so this connector, in that call).
+  (`vllm.config.get_current_vllm_config_or_none()`, as in vLLM 0.32, or
+  the global that `set_current_vllm_config` sets in vLLM 0.10.x; the worker
+  holds it set while it builds the KV connector, and AIBrix builds its cache
+  manager, and so this connector, in that call).
 
 `model_id` never merges deployments whose other vLLM facts differ. Values
 are rendered by canonical.py, the same in every process (TP ranks and
@@ -153,9 +154,14 @@ def announce(identity: ModelIdentity, config: Any) -> None:
 def current_vllm_config() -> Any:
     """vLLM's current config if vLLM is loaded and publishes one, else None."""
     module = sys.modules.get("vllm.config")
-    getter = getattr(module, "get_current_vllm_config_or_none", None) if module is not None else None
-    if getter is None:
+    if module is None:
         return None
+    getter = getattr(module, "get_current_vllm_config_or_none", None)
+    if getter is None:
+        # vLLM before the getter (0.10.x, AIBrix's images): set_current_vllm_config
+        # keeps the config in this global (its get_current_vllm_config would
+        # make up a default config when none is set)
+        return getattr(module, "_current_vllm_config", None)
     try:
         return getter()
     except Exception:  # a vLLM that fails here must not stop the cache

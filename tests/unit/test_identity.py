@@ -163,6 +163,19 @@ def test_the_running_vllm_is_asked_only_when_already_loaded(monkeypatch):
     assert current_vllm_config() is None
 
 
+def test_a_vllm_without_the_getter_is_read_from_its_global(monkeypatch):
+    """vLLM 0.10.x (AIBrix's images, Type3) has no get_current_vllm_config_or_none;
+    its set_current_vllm_config keeps the config in _current_vllm_config."""
+    published = fake_vllm_config()
+    module = types.ModuleType("vllm.config")
+    module._current_vllm_config = published
+    monkeypatch.setitem(sys.modules, "vllm.config", module)
+    assert current_vllm_config() is published
+    assert resolve_identity(None).token == resolve_identity(None, vllm_config=published).token
+    module._current_vllm_config = None
+    assert not resolve_identity(None).known
+
+
 def test_building_a_connector_never_imports_vllm():
     code = (
         "import sys\n"
