@@ -133,7 +133,8 @@ class EICPDReuseConnector(AIBrixPDReuseConnector):
         super().update_connector_output(connector_output)
         if self.connector_scheduler is None:
             return
-        failed = self.connector_scheduler.hand_offs.invalid(set(connector_output.invalid_block_ids or ()))
+        invalid = getattr(connector_output, "invalid_block_ids", None) or ()  # absent before vLLM 0.11
+        failed = self.connector_scheduler.hand_offs.invalid(set(invalid))
         if failed:
             _rate_log.log(
                 "recompute",
