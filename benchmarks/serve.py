@@ -40,7 +40,9 @@ server at a time, so none steals another's cores. Phases:
   memcpy in the event loop; and, for the L1-on cost, `l1-only`, AIBrix's
   connector with L1 as in `eic-default` and no L2 at all, and
   `mock-default`, the same with the MOCK backend: what AIBrix's L1 path and
-  its per-block L2 puts cost with a backend that does no I/O.
+  its per-block L2 puts cost with a backend that does no I/O; and
+  `eic-all`, `eic-default` with ingestion `ALL` (L2 written when L1 is,
+  in pass 1, not on a block's first L1 hit).
 
 Workload (the defaults): 16 random prompts of 2,000 tokens, 24 output
 tokens, request rate 4/s (Poisson), at most 4 in flight, seed 0, sent twice
@@ -103,7 +105,8 @@ BATCHED_INGESTION_ENV = "AIBRIX_EIC_BATCHED_INGESTION"
 BATCHED_LOG_LINE = "AIBrix's synchronous L1 ingestion is batched"
 
 PHASES = ("plain", "eic", "eic-default", "eic-default-stock", "eic-evicted", "upstream", "vllm-prefix", "type2", "pd")
-CONTROLS = ("mock", "l1-only", "mock-default")  # run only when named in --phases
+NO_EIC_CONTROLS = ("mock", "l1-only", "mock-default")  # AIBrix's MOCK backend, or no L2
+CONTROLS = (*NO_EIC_CONTROLS, "eic-all")  # run only when named in --phases
 DEFAULT_GOODPUT = ["ttft:2000", "tpot:1000"]
 # The e2e probe (tests/e2e/probe) snapshots the engine's counters in every
 # server that loads it; at its test interval of 0.2 s it took about 4 s of
@@ -153,7 +156,7 @@ def phase_server(name: str, model_dir: Path, workdir: Path, args: argparse.Names
     phase_dir = workdir / name
     phase_dir.mkdir(parents=True, exist_ok=True)
     store = f"local://serve-{name}?capacity=8GiB"
-    if name in CONTROLS:
+    if name in NO_EIC_CONTROLS:
         env.update(
             {
                 "AIBRIX_KV_CACHE_OL_L2_CACHE_BACKEND": "" if name == "l1-only" else "MOCK",
@@ -174,11 +177,13 @@ def phase_server(name: str, model_dir: Path, workdir: Path, args: argparse.Names
         metrics_dir.mkdir(exist_ok=True)
         # our aibrix_eic_* series on vLLM's /metrics
         env.update({"AIBRIX_KV_CACHE_OL_EIC_CONFIG": str(config), "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)})
-    if name in ("eic-default", "eic-default-stock"):
+    if name in ("eic-default", "eic-default-stock", "eic-all"):
         env.update(
             {"AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED": "1", "AIBRIX_KV_CACHE_OL_L1_CACHE_CAPACITY_GB": str(args.l1_gb)}
         )
         env[BATCHED_INGESTION_ENV] = "0" if name == "eic-default-stock" else "1"
+    if name == "eic-all":
+        env["AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_TYPE"] = "ALL"
     if name == "eic-evicted":
         env.update(
             {
@@ -479,6 +484,8 @@ def ratios(results: dict) -> dict:
         "eic_evicted_over_vllm_prefix": ("eic-evicted", "vllm-prefix"),
         "upstream_over_vllm_prefix": ("upstream", "vllm-prefix"),
         "l1_on_over_l1_off": ("eic-default", "eic"),
+        "ingestion_all_over_l1_only": ("eic-all", "l1-only"),
+        "ingestion_all_over_l1_off": ("eic-all", "eic"),
         "l1_on_over_mock_floor": ("eic-default", "mock-default"),
         "eic_default_over_l1_only": ("eic-default", "l1-only"),
         "batched_over_stock_ingestion": ("eic-default", "eic-default-stock"),
