@@ -28,7 +28,10 @@ COMPONENTS = (
     ("engine store (embedded EIC)", "aibrix_eic/engine/"),
     ("aibrix_eic connector", "aibrix_eic/"),
     ("AIBrix (cache manager, L1, connector)", "aibrix_kvcache/"),
+    # the e2e adapters (tests/e2e is on the server's path, so py-spy names them bare)
     ("CPU adapter copies (test scaffolding)", "tests/e2e/"),
+    ("CPU adapter copies (test scaffolding)", "kv_layout"),
+    ("CPU adapter copies (test scaffolding)", "cpu_adapt.py"),
     ("model forward", "vllm/model_executor/"),
     ("model forward", "vllm/v1/attention/"),
     # vLLM's processes spin on their shared-memory queues while they wait

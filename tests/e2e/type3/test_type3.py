@@ -41,9 +41,6 @@ ENV = {"VLLM_CPU_OMP_THREADS_BIND": "all"}
 STORE = "type3"
 BLOCKS = FULL_REUSE // ENGINE_BLOCK
 NAMES = ("p0", "p1", "p2", "p0-fork")
-# our connector cannot see vLLM 0.10.2's config (no
-# get_current_vllm_config_or_none), so the replicas name the model
-MODEL_ID = "e2e-tiny@type3"
 # vLLM 0.10.2 runs a TP=1 worker inside the engine-core process and colours
 # every line's process prefix: "\x1b[1;36m(EngineCore_DP0 pid=1)\x1b[0;0m INFO ..."
 ANSI = r"(?:\x1b\[[\d;]*m)?"
@@ -61,8 +58,10 @@ def _line(pattern: str) -> str:
 
 
 def identity_token(server: Server) -> str:
-    """The model identity the server's connector puts in its keys."""
+    """The model identity the server's connector puts in its keys, made of
+    vLLM's config (the weights path among it), not of a model_id."""
     (line,) = server.wait_log(PREFIX + r"EIC keys carry model identity (?P<token>\S+) from (?P<how>.*)$")
+    assert line["how"].startswith("vLLM:"), line[0]
     return line["token"]
 
 
@@ -76,7 +75,8 @@ def baseline(model_dir, workdir):
 
 
 def _spec(name: str, model_dir, workdir, hash_seed: int) -> dict:
-    config = write_config(workdir, name, f"remote_url: {shared_store_url(workdir, STORE)}\nmodel_id: {MODEL_ID}\n")
+    # no model_id: the identity comes from vLLM 0.10.2's config (keys/identity.py reads its global)
+    config = write_config(workdir, name, f"remote_url: {shared_store_url(workdir, STORE)}\n")
     env = dict(ENV, AIBRIX_KV_CACHE_OL_EIC_CONFIG=str(config), PYTHONHASHSEED=str(hash_seed))
     # the scheduler-worker side channel binds TCP VLLM_AIBRIX_SIDE_CHANNEL_PORT
     # (+ DP rank) on the host: 6667 for every server unless told
