@@ -14,6 +14,7 @@ import json
 import random
 import sys
 from dataclasses import asdict, dataclass
+from importlib import metadata
 from pathlib import Path
 
 SEED = 1234
@@ -95,7 +96,11 @@ def _build_weights(spec: ModelSpec, vocab_size: int, out: Path) -> None:
 
 def model_dir(name: str, root: Path) -> Path:
     spec = SPECS[name]
-    digest = hashlib.sha256(json.dumps([asdict(spec), SEED, VOCAB_SIZE]).encode()).hexdigest()[:10]
+    # The files depend on the transformers that writes them (a tokenizer
+    # saved by a newer one names a class an older one lacks): the Type3
+    # venv's transformers and .venv-e2e's each get their own copy.
+    writer = metadata.version("transformers")
+    digest = hashlib.sha256(json.dumps([asdict(spec), SEED, VOCAB_SIZE, writer]).encode()).hexdigest()[:10]
     return root / f"{name}-{digest}"
 
 
