@@ -44,6 +44,9 @@ def steps_of(output: str) -> list[str]:
 
 STEPS = (
     "config",
+    "patch-timeouts",
+    "patch-ingestion",
+    "patch-flush",
     "ingestion",
     "sdk",
     "connector",
