@@ -10,8 +10,10 @@ or a class whose bases changed is one `Missing`, saying what we expected.
 
 import ast
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -121,9 +123,9 @@ def _top_level(tree: ast.Module, name: str) -> ast.AST | None:
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
             return node
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            if any((alias.asname or alias.name.split(".")[0]) == name for alias in node.names):
-                return node
+        imports = node.names if isinstance(node, (ast.Import, ast.ImportFrom)) else ()
+        if any((alias.asname or alias.name.split(".")[0]) == name for alias in imports):
+            return node
         if name in _assigned(node, lambda target: isinstance(target, ast.Name), lambda target: target.id):
             return node
     return None
@@ -140,9 +142,9 @@ def _member(cls: ast.ClassDef, name: str) -> ast.AST | None:
     for method in cls.body:
         if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
-        for node in ast.walk(method):
-            if name in _assigned(node, _is_self_attribute, lambda target: target.attr):
-                return node
+        for inner in ast.walk(method):
+            if name in _assigned(inner, _is_self_attribute, lambda target: target.attr):
+                return inner
     return None
 
 
@@ -150,7 +152,7 @@ def _is_self_attribute(target: ast.expr) -> bool:
     return isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"
 
 
-def _assigned(node: ast.AST, wanted, name_of) -> set[str]:
+def _assigned(node: ast.AST, wanted: Callable[[Any], bool], name_of: Callable[[Any], str]) -> set[str]:
     """The names `node` assigns to targets that `wanted` accepts."""
     if isinstance(node, ast.Assign):
         targets = [t for target in node.targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])]

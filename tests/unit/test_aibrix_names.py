@@ -105,7 +105,9 @@ def test_a_changed_base_class_says_what_the_bases_are_now(tmp_path, monkeypatch)
     fake = aibrix_copy(
         tmp_path,
         need.module,
-        lambda text: text.replace("class AIBrixPDReuseConnector(KVConnectorBase_V1)", "class AIBrixPDReuseConnector(Base)"),
+        lambda text: text.replace(
+            "class AIBrixPDReuseConnector(KVConnectorBase_V1)", "class AIBrixPDReuseConnector(Base)"
+        ),
     )
     monkeypatch.setattr(surface, "aibrix_root", lambda: fake)
     assert f"pd/connector.py relies on {need}: its bases are (Base)" in problems()
