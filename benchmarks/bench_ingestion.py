@@ -54,13 +54,13 @@ from aibrix_kvcache.spec import KVCacheBlockLayout, KVCacheBlockSpec, KVCacheTen
 
 import aibrix_eic  # noqa: E402
 from aibrix_eic.aibrix_compat.ingestion import OPT_OUT_ENV as BATCHED_INGESTION_ENV  # noqa: E402
-from aibrix_eic.aibrix_compat.upstream import load_upstream_connector_class  # noqa: E402
 from aibrix_eic.cli.runtime import scoped_env  # noqa: E402
 from aibrix_eic.config import ENV_CONFIG, ENV_CONFIG_UPSTREAM  # noqa: E402
 from aibrix_eic.engine import get_store  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from compare_connectors import NoopConnector, eic_backend_is, write_empty_flag_file, write_yaml  # noqa: E402
+from upstream import load_upstream_connector_class  # noqa: E402
 
 cache_manager.TESTING_DISABLE_PIN_MEMORY = True  # CPU-only torch
 aibrix_eic.install()
