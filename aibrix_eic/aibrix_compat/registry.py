@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
+from ..util.docs import DOCS_URL
 from ..util.flags import parse_flag
 from . import flush, ingestion, timeouts
 from .surface import Need, missing
@@ -34,7 +35,7 @@ NAME_PREFIX = "PATCH_"
 TESTED = "0.8.0"  # the aibrix-kvcache the test suite runs on
 REQUIREMENT = (">=0.8", "<0.9")  # pyproject.toml's aibrix-kvcache pin; every entry's range below agrees
 INSTALL, SKIP = "install", "skip"
-REPORTS = "docs/aibrix-upstream-reports.md"
+REPORTS = "aibrix-upstream-reports.md"  # the page of docs/ that holds the reports
 
 Installer = Callable[[object, Any], bool]  # (connector, its Counters) -> in place
 
@@ -65,7 +66,7 @@ class Workaround:
 
     @property
     def report_link(self) -> str:
-        return f"{REPORTS}#{self.report}"
+        return f"{DOCS_URL}/{REPORTS}#{self.report}"  # the anchors: tests/unit/test_compat_registry.py
 
 
 @dataclass(frozen=True)

@@ -492,4 +492,4 @@ def test_each_workaround_has_a_line_saying_its_state_and_why(capsys, monkeypatch
     assert "skipped" in lines["patch-ingestion"]
     assert verdict_of(out, "patch-flush") == "WARN" and "installed" in lines["patch-flush"]
     for line in lines.values():
-        assert "fixes: " in line and "docs/aibrix-upstream-reports.md#" in line
+        assert "fixes: " in line and "/docs/aibrix-upstream-reports.md#" in line
