@@ -4,7 +4,7 @@ opt-out leaves a manager stock (the flush patch had none before)."""
 
 import threading
 
-from harness import connector_of, make_manager, manager_env, send, tokens, use_config
+from harness import connector_of, send, tokens, write_behind_manager
 
 from aibrix_eic.aibrix_compat import registry, timeouts
 from aibrix_eic.engine import get_store
@@ -12,17 +12,11 @@ from aibrix_eic.engine import get_store
 STORE = "installs"
 
 
-def _manager(monkeypatch, tmp_path, **config):
-    manager_env(monkeypatch)
-    use_config(monkeypatch, tmp_path, remote_url=f"local://{STORE}", put_mode="write_behind", **config)
-    return make_manager()
-
-
 def test_install_all_from_many_threads_patches_each_class_once(monkeypatch, tmp_path):
     from aibrix_kvcache import cache_manager
     from aibrix_kvcache.l1.l1_cache import L1Cache
 
-    cache = _manager(monkeypatch, tmp_path)
+    cache = write_behind_manager(monkeypatch, tmp_path, STORE)
     try:
         connector = connector_of(cache)
         start = threading.Barrier(8)
@@ -50,7 +44,7 @@ def test_install_all_from_many_threads_patches_each_class_once(monkeypatch, tmp_
 
 def test_with_the_flush_patch_opted_out_flush_does_not_wait_for_our_writes(monkeypatch, tmp_path):
     monkeypatch.setenv(registry.FLUSH.opt_out, "0")
-    cache = _manager(monkeypatch, tmp_path)
+    cache = write_behind_manager(monkeypatch, tmp_path, STORE)
     store = get_store(STORE)
     try:
         store.faults.latency_s = 0.5
