@@ -3,13 +3,14 @@ once: what each fixes and where the upstream report is, the versions it
 applies to, its one opt-out variable (`AIBRIX_EIC_<NAME>=0`), how it
 installs, and the AIBrix names it relies on (surface.py checks them).
 `install_all` is the only caller of the installers; `aibrix-eic check`
-prints `states()`, one line per entry.
+prints `decide`'s answer for each entry, one line each.
 
 A version inside `versions` other than the one the suite runs on
 (`TESTED`) gets each entry's `untested` choice: "install" (its needs are
 checked in AIBrix's source first, and a missing one skips it) or "skip".
 Outside `versions` every entry is skipped. Each says what it did once per
-process in the log, at WARNING for anything but the tested version.
+process in the log, at WARNING for anything but the tested version (and
+for a deprecated opt-out variable).
 
 NAMEs start with `PATCH_`, which no config key may (the per-key variables
 are `AIBRIX_EIC_<KEY>`; tests/unit/test_compat_registry.py holds both to it).
