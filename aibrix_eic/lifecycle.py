@@ -12,9 +12,7 @@ import torch
 from aibrix_kvcache.l2.connectors import Connector, ConnectorFeature
 from aibrix_kvcache.status import Status, StatusCodes
 
-from .aibrix_compat.flush import flush_waits_for_writes
-from .aibrix_compat.ingestion import batch_ingestion
-from .aibrix_compat.timeouts import order_timeouts
+from .aibrix_compat.registry import install_all
 from .config import ConfigError, EICConfig, warn_about_env
 from .keys.codec import KeyCodec
 from .keys.identity import ModelIdentity, announce, resolve_identity
@@ -94,9 +92,9 @@ class ConnectorLifecycle(Connector[bytes, torch.Tensor]):
         except ConfigError as e:
             error = e
         connector = cls(config, conn_id, executor, config_error=error)
-        order_timeouts(connector)  # AIBrix's cache manager is loaded: it is building us
-        batch_ingestion(connector, connector._counters)  # before it registers its L1 callbacks
-        flush_waits_for_writes(connector)  # a PD prefiller's flush() means: in EIC
+        # AIBrix's cache manager is loaded (it is building us) and has not
+        # registered its L1 callbacks yet: aibrix_compat/registry.py's workarounds.
+        install_all(connector, connector._counters)
         return connector
 
     # ---------------------------------------------------------- properties

@@ -7,7 +7,7 @@ BaseKVCacheManager, with its controls in one run:
 - write_behind (ours, the default), direct (ours, one SDK call per put),
   both with batched L1 ingestion (aibrix_eic.aibrix_compat.ingestion, on by
   default); write_behind_stock and direct_stock: the same with
-  AIBRIX_EIC_BATCHED_INGESTION=0, i.e. AIBrix's one L2Cache.put per block;
+  AIBRIX_EIC_PATCH_INGESTION=0, i.e. AIBrix's one L2Cache.put per block;
 - upstream (aibrix-kvcache's own EICConnector) and noop (a connector that
   answers at once) on request (--who).
 
@@ -53,14 +53,14 @@ from aibrix_kvcache import BaseKVCacheManager, KVCacheConfig, TokenListView  # n
 from aibrix_kvcache.spec import KVCacheBlockLayout, KVCacheBlockSpec, KVCacheTensorSpec, ModelSpec  # noqa: E402
 
 import aibrix_eic  # noqa: E402
-from aibrix_eic.aibrix_compat.ingestion import BATCHED_INGESTION_ENV  # noqa: E402
-from aibrix_eic.aibrix_compat.upstream import load_upstream_connector_class  # noqa: E402
+from aibrix_eic.aibrix_compat.ingestion import OPT_OUT_ENV as BATCHED_INGESTION_ENV  # noqa: E402
 from aibrix_eic.cli.runtime import scoped_env  # noqa: E402
 from aibrix_eic.config import ENV_CONFIG, ENV_CONFIG_UPSTREAM  # noqa: E402
 from aibrix_eic.engine import get_store  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from compare_connectors import NoopConnector, eic_backend_is, write_empty_flag_file, write_yaml  # noqa: E402
+from upstream import load_upstream_connector_class  # noqa: E402
 
 cache_manager.TESTING_DISABLE_PIN_MEMORY = True  # CPU-only torch
 aibrix_eic.install()
@@ -68,7 +68,7 @@ BLOCK_NTOKENS = 16
 NBLOCKS = 64
 POLL_S = 250e-6
 FLOOR = "mock"
-STOCK = "_stock"  # ours with AIBRIX_EIC_BATCHED_INGESTION=0
+STOCK = "_stock"  # ours with AIBRIX_EIC_PATCH_INGESTION=0
 OURS = ("write_behind", "direct", "write_behind" + STOCK, "direct" + STOCK)
 WHO = ("l1only", FLOOR, *OURS, "upstream", "noop")
 DEFAULT_WHO = ("l1only", FLOOR, "write_behind", "write_behind" + STOCK, "direct")

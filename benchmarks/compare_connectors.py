@@ -17,7 +17,7 @@ How each is built:
 - upstream: the same `L2Cache("EIC", ...)` call while the module AIBrix
   imports for EIC (`aibrix_kvcache.l2.connectors.eic`) is, for the duration
   of the call, one whose EICConnector is upstream's class; that class is
-  loaded by aibrix_eic.aibrix_compat.upstream with our engine bound as its `eic` (so its
+  loaded by upstream.py (this folder) with our engine bound as its `eic` (so its
   `eic://NAME?params` endpoint names an engine store).
 - memcpy: ctypes.memmove of each block into pre-faulted buffers, one thread.
   Its puts alternate between two buffer sets, as the engine's overwrites do
@@ -66,10 +66,12 @@ from aibrix_kvcache.status import Status  # noqa: E402
 
 import aibrix_eic  # noqa: E402
 import aibrix_eic.engine as engine  # noqa: E402
-from aibrix_eic.aibrix_compat.upstream import load_upstream_connector_class  # noqa: E402
 from aibrix_eic.config import ENV_CONFIG, ENV_CONFIG_UPSTREAM  # noqa: E402
 from aibrix_eic.plugin import SHIM_MODULE  # noqa: E402
 from aibrix_eic.util.units import format_size  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from upstream import load_upstream_connector_class  # noqa: E402
 
 OP_BATCH = 32  # AIBRIX_KV_CACHE_OL_L2_CACHE_OP_BATCH default
 L2_WORKERS = 8  # AIBRIX_KV_CACHE_OL_L2_CACHE_NUM_ASYNC_WORKERS default

@@ -15,7 +15,7 @@ server at a time, so none steals another's cores. Phases:
   5 GB server on a 24 GiB machine; 2 GB holds the whole workload's KV),
   with our batched L1 ingestion (on by default:
   aibrix_eic/aibrix_compat/ingestion.py).
-- `eic-default-stock`: as `eic-default` with AIBRIX_EIC_BATCHED_INGESTION=0:
+- `eic-default-stock`: as `eic-default` with AIBRIX_EIC_PATCH_INGESTION=0:
   AIBrix's own synchronous ingestion, one L2 put per block.
 - `eic-evicted`: L1 of --evicted-l1-gb (default 0.5 GB, a third of the
   default workload's 1.5 GiB of KV) with ingestion EVICTED: L2 gets only
@@ -101,7 +101,7 @@ from server import ENGINE_BLOCK, MODEL_NAME, TYPE2_CPU, Server, metric_value, pd
 
 # aibrix_eic/aibrix_compat/ingestion.py's names (this script runs in .venv-e2e,
 # where aibrix_eic is installed, but must not import AIBrix before vLLM does)
-BATCHED_INGESTION_ENV = "AIBRIX_EIC_BATCHED_INGESTION"
+BATCHED_INGESTION_ENV = "AIBRIX_EIC_PATCH_INGESTION"
 BATCHED_LOG_LINE = "AIBrix's synchronous L1 ingestion is batched"
 
 PHASES = ("plain", "eic", "eic-default", "eic-default-stock", "eic-evicted", "upstream", "vllm-prefix", "type2", "pd")

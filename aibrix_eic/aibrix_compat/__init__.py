@@ -1,1 +1,1 @@
-"""Workarounds for aibrix-kvcache 0.8 defects, and the upstream connector for comparisons."""
+"""Workarounds for aibrix-kvcache 0.8 defects (registry.py declares them) and the connector's token parser."""

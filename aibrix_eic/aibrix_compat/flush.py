@@ -14,7 +14,6 @@ past that it returns TIMEOUT. Other managers are left stock.
 """
 
 import logging
-import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -28,18 +27,18 @@ logger = logging.getLogger(__name__)
 _rate_log = RateLimitedLogger(logger)
 
 _OURS: "weakref.WeakSet[Any]" = weakref.WeakSet()
-_install_lock = threading.Lock()
 
 
-def flush_waits_for_writes(connector: object) -> None:
+def flush_waits_for_writes(connector: object) -> bool:
     """Make flush() of the managers whose L2 backend is `connector` wait for
-    its accepted writes. Idempotent; the class is patched once per process."""
+    its accepted writes; True. Idempotent: the class is patched once per
+    process (registry.install_all calls this under its lock)."""
     from aibrix_kvcache.cache_manager import BaseKVCacheManager
 
-    with _install_lock:
-        if not getattr(BaseKVCacheManager.flush, "_aibrix_eic_waits", False):
-            BaseKVCacheManager.flush = _waiting_flush(BaseKVCacheManager.flush)
+    if not getattr(BaseKVCacheManager.flush, "_aibrix_eic_waits", False):
+        BaseKVCacheManager.flush = _waiting_flush(BaseKVCacheManager.flush)
     _OURS.add(connector)
+    return True
 
 
 def _waiting_flush(original: Callable[[Any], Status]) -> Callable[[Any], Status]:
@@ -61,4 +60,5 @@ def _waiting_flush(original: Callable[[Any], Status]) -> Callable[[Any], Status]
         return status if not status.is_ok() else Status(StatusCodes.TIMEOUT, "EIC writes still pending after flush")
 
     flush._aibrix_eic_waits = True  # type: ignore[attr-defined]
+    flush.__wrapped__ = original  # type: ignore[attr-defined]
     return flush

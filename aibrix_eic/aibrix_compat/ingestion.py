@@ -23,77 +23,47 @@ call (so another thread's allocation may see up to one call's blocks more
 in use meanwhile). `EVICTED`
 ingestion (whose release lets L1's allocation retry succeed) and AIBrix's
 asynchronous ingestion (`..._INGESTION_MAX_INFLIGHT_TOKENS` > 0, counted in
-its in-flight quota) are left alone. Opt out with
-AIBRIX_EIC_BATCHED_INGESTION=0. docs/aibrix-upstream-reports.md has the
-report this works around.
+its in-flight quota) are left alone. registry.py installs it, on
+aibrix-kvcache 0.8.0 only (opt out with AIBRIX_EIC_PATCH_INGESTION=0);
+docs/aibrix-upstream-reports.md has the report this works around.
 """
 
 import asyncio
 import logging
-import os
 import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
-from importlib import metadata
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aibrix_kvcache.cache_hashable import BlockHashes, TokenListView
 from aibrix_kvcache.status import Status
 
-from ..util.flags import env_flag
 from ..util.rate_limited_log import RateLimitedLogger
 from .backends import backend_of
 
 logger = logging.getLogger(__name__)
 _rate_log = RateLimitedLogger(logger)  # at most one failure warning per 10 s
 
-BATCHED_INGESTION_ENV = "AIBRIX_EIC_BATCHED_INGESTION"
+OPT_OUT_ENV = "AIBRIX_EIC_PATCH_INGESTION"  # registry.INGESTION.opt_out (a test holds them equal)
 BATCHED_LOG_LINE = "AIBrix's synchronous L1 ingestion is batched"  # the start-up log; benchmarks/serve.py looks for it
-SUPPORTED_VERSION = "0.8.0"  # the L1 callbacks and manager internals this relies on
 
 # The connectors whose managers get batched ingestion (batch_ingestion adds them).
 _BATCHED_BACKENDS: "weakref.WeakSet[object]" = weakref.WeakSet()
 _COUNTERS: "weakref.WeakKeyDictionary[object, Any]" = weakref.WeakKeyDictionary()  # connector -> its Counters
-_install_lock = threading.Lock()
-_said_off: list[str] = []  # the start-up log says "off" once per process
 
 
-def aibrix_version() -> str | None:
-    try:
-        return metadata.version("aibrix-kvcache")
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def state(environ: Mapping[str, str] = os.environ) -> tuple[bool, str]:
-    """(on, why) as this environment and this aibrix-kvcache would have it:
-    for `aibrix-eic check` and the start-up log."""
-    version = aibrix_version()
-    if version != SUPPORTED_VERSION:
-        return False, f"off: aibrix-kvcache {version} is not {SUPPORTED_VERSION}, the version it was built for"
-    if not env_flag(BATCHED_INGESTION_ENV, True, environ):
-        return False, f"off: {BATCHED_INGESTION_ENV}=0"
-    return True, f"on (turn off with {BATCHED_INGESTION_ENV}=0)"
-
-
-def batch_ingestion(connector: object, counters: Any = None, environ: Mapping[str, str] = os.environ) -> bool:
+def batch_ingestion(connector: object, counters: Any = None) -> bool:
     """Batch the synchronous HOT/ALL ingestion of the cache managers whose
     L2 backend is `connector` (built from now on: the manager registers its
     L1 callbacks after it built its L2Cache, and so us). `counters` gets
-    the ingestion counts. True when it is in place."""
-    on, why = state(environ)
-    if not on:
-        if not _said_off:
-            _said_off.append(why)
-            logger.info("EIC: batched L1 ingestion %s", why)
-        return False
+    the ingestion counts. True: it is in place. Idempotent: L1Cache is
+    patched once per process (registry.install_all calls this under its lock)."""
     from aibrix_kvcache.l1.l1_cache import L1Cache
 
-    with _install_lock:
-        for setter in ("set_on_hot_access_callback", "set_on_put_callback"):
-            original = getattr(L1Cache, setter)
-            if not getattr(original, "_aibrix_eic_batching", False):
-                setattr(L1Cache, setter, _batching_setter(original))
+    for setter in ("set_on_hot_access_callback", "set_on_put_callback"):
+        original = getattr(L1Cache, setter)
+        if not getattr(original, "_aibrix_eic_batching", False):
+            setattr(L1Cache, setter, _batching_setter(original))
     if counters is not None:
         _COUNTERS[connector] = counters
     _BATCHED_BACKENDS.add(connector)
@@ -117,10 +87,11 @@ def _batching_setter(original: Setter) -> Setter:
         logger.info(
             "EIC: %s: one L2Cache.put per run of adjacent blocks per L1 call (%s=0 turns it off)",
             BATCHED_LOG_LINE,
-            BATCHED_INGESTION_ENV,
+            OPT_OUT_ENV,
         )
 
     set_callback._aibrix_eic_batching = True  # type: ignore[attr-defined]
+    set_callback.__wrapped__ = original  # type: ignore[attr-defined]
     return set_callback
 
 

@@ -11,27 +11,24 @@ request/checks.py's hold), cancel it, wait for a coroutine that had started
 to end, and only then let AIBrix's `finally` release. Only requests to an
 L2Cache whose backend is one of our connectors are ordered; every other
 manager in the process gets asyncio's own future, so it times out exactly
-as stock AIBrix. Opt out with AIBRIX_EIC_DISABLE_TIMEOUT_ORDERING=1. Details and the upstream report:
+as stock AIBrix. registry.py installs it (opt out with
+AIBRIX_EIC_PATCH_TIMEOUTS=0). Details and the upstream report:
 docs/operations.md.
 """
 
 import asyncio
 import contextvars
 import logging
-import os
 import sys
 import threading
 import types
 import weakref
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine
 from concurrent.futures import CancelledError, Future
 from typing import Any
 
-from ..util.flags import env_flag
-
 logger = logging.getLogger(__name__)
 
-DISABLE_TIMEOUT_ORDERING_ENV = "AIBRIX_EIC_DISABLE_TIMEOUT_ORDERING"
 CACHE_MANAGER_MODULE = "aibrix_kvcache.cache_manager"
 # How long a timed-out caller waits for a started coroutine to see its
 # cancellation. Only a stalled event loop makes this wait; past it AIBrix
@@ -151,16 +148,14 @@ class _AsyncioWithOrderedTimeouts(types.ModuleType):
         return _OrderedTimeoutFuture(asyncio.run_coroutine_threadsafe(_guarded(coro, guard), loop), guard)
 
 
-def order_timeouts(connector: object, environ: Mapping[str, str] = os.environ) -> bool:
+def order_timeouts(connector: object) -> bool:
     """Order the timeouts of the cache managers whose L2 backend is
-    `connector`, if AIBrix's cache manager module is loaded and the operator
-    did not opt out; True when it is in place."""
+    `connector`, if AIBrix's cache manager module is loaded; True when it is
+    in place. Idempotent; registry.install_all calls it under its lock."""
     module = sys.modules.get(CACHE_MANAGER_MODULE)
     if module is None:
         return False
     if not isinstance(getattr(module, "asyncio", None), _AsyncioWithOrderedTimeouts):
-        if env_flag(DISABLE_TIMEOUT_ORDERING_ENV, False, environ):
-            return False
         setattr(module, "asyncio", _AsyncioWithOrderedTimeouts())  # noqa: B010  (the module's own global)
     _ORDERED_BACKENDS.add(connector)
     return True

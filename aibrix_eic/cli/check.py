@@ -5,7 +5,8 @@ L2Cache does (`Connector.create` with backend "EIC"), opens it, registers a
 buffer, and round-trips one block: put, exists, get (bytes compared), delete,
 exists again (now a miss). Then it checks that another namespace cannot see
 the block and that the TTL behaves, and warns when AIBrix's L1 ingestion, as
-the environment sets it, waits for EIC inside the request. Each step prints its latency and a
+the environment sets it, waits for EIC inside the request. One step per
+workaround of aibrix_compat/registry.py says whether it is installed, and why. Each step prints its latency and a
 verdict, and a failure says what to fix. Exit status: 0 when every step
 passed, 1 otherwise.
 """
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import torch
 
+from ..aibrix_compat import registry
 from ..config import ENV_CONFIG, EICConfig, config_path_from_env
 from .check_namespace import NamespaceSteps
 from .check_steps import FAIL, PASS, SKIP, WARN, StepFailed
@@ -112,6 +114,8 @@ class Checker(TtlSteps, NamespaceSteps):
             return self.verdict()
         try:
             self.step("config", self.check_config)
+            for workaround in registry.WORKAROUNDS:
+                self.step(workaround.name.lower().replace("_", "-"), self.workaround_step(workaround))
             self.step("ingestion", self.check_ingestion)
             self.step("sdk", self.check_sdk)
             self.step("connector", self.create_connector)

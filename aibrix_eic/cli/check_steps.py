@@ -5,13 +5,14 @@ and TTL steps are in check_namespace.py and check_ttl.py. Each returns
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import TYPE_CHECKING
 
 import torch
 
-from ..aibrix_compat.ingestion import state as ingestion_state
+from ..aibrix_compat import registry
 from ..config import ConfigError, EICConfig, config_path_from_env, node_problems, warn_about_env
 from ..link.sdk import load_sdk_module
 from ..util.units import format_size
@@ -148,14 +149,28 @@ class CheckSteps:
         batching of its synchronous ingestion is on, and whether synchronous
         writes behind L1 wait for EIC inside every request (a warning, not a
         failure)."""
-        batched, why = ingestion_state()
-        batching = f"batched L1 ingestion {why}"
+        state = registry.decide(registry.INGESTION)
+        batched = state.on
+        batching = f"batched L1 ingestion {'on' if batched else 'off'}: {state.why}"
         advice = ingestion_advice(self.cfg.put_mode, batched)
         if advice:
             return WARN, f"{advice}; {batching}"
         return PASS, (
             f"L1 off, L1 ingestion asynchronous, or put_mode {self.cfg.put_mode} (a put returns at once); {batching}"
         )
+
+    def workaround_step(self, workaround: "registry.Workaround") -> Callable[[], tuple[str, str]]:
+        """One workaround of aibrix_compat/registry.py: whether a worker with
+        this environment and this aibrix-kvcache installs it, and why; WARN
+        for an untested aibrix-kvcache, a missing AIBrix name or a
+        deprecated variable."""
+
+        def step() -> tuple[str, str]:
+            state = registry.decide(workaround)
+            detail = f"{'on' if state.on else 'off'}: {state.why}; fixes: {workaround.fixes} ({workaround.report_link})"
+            return (WARN if state.warn else PASS), detail
+
+        return step
 
     def check_sdk(self) -> tuple[str, str]:
         try:

@@ -3,7 +3,9 @@
 Each knob models a way a real EIC fails: slow calls, whole calls that fail,
 per-key failures inside a PARTIAL_FAILED reply, registered (GDR) writes
 refused with GDR_TRANSFER_ERROR, an unreachable cluster, mexist hits that
-mget cannot deliver, and failed calls whose per-key codes still say SUCCESS.
+mget cannot deliver, mexist keys that time out (at random, or each key's
+first probe: a flapping exists), and failed calls whose per-key codes
+still say SUCCESS.
 Knobs are plain attributes, so tests flip them while a workload runs.
 """
 
@@ -23,9 +25,15 @@ class Faults:
     # chance a whole call returns FAILED with every per-key code left at its
     # default, SUCCESS (a reply public SDK callers are written to survive)
     default_codes_fail_rate: float = 0.0
+    # mexist per-key TIMEOUT codes: at random, or on each key's first mexist
+    # since the knob was set (bytedance-iaas/sglang #772 saw mexist flap 318
+    # times in 173k probes on a real EIC cluster)
+    exist_key_fail_rate: float = 0.0
+    exist_flaps: bool = False
     seed: int | None = None
     _rng: random.Random = field(init=False, repr=False, compare=False)
     _rng_lock: threading.Lock = field(init=False, repr=False, compare=False, default_factory=threading.Lock)
+    _flapped: set[str] = field(init=False, repr=False, compare=False, default_factory=set)
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
@@ -44,6 +52,10 @@ class Faults:
         self.phantom_rate = 0.0
         self.gdr_write_fail_rate = 0.0
         self.default_codes_fail_rate = 0.0
+        self.exist_key_fail_rate = 0.0
+        self.exist_flaps = False
+        with self._rng_lock:
+            self._flapped.clear()
 
     def _chance(self, rate: float) -> bool:
         if rate <= 0.0:
@@ -59,6 +71,16 @@ class Faults:
 
     def gdr_write_fails(self) -> bool:
         return self._chance(self.gdr_write_fail_rate)
+
+    def exist_key_fails(self, key: str) -> bool:
+        """Whether this key's mexist code is TIMEOUT."""
+        if self.exist_flaps:
+            with self._rng_lock:
+                first = key not in self._flapped
+                self._flapped.add(key)
+            if first:
+                return True
+        return self._chance(self.exist_key_fail_rate)
 
     def phantom_hit(self) -> bool:
         return self._chance(self.phantom_rate)

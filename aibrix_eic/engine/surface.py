@@ -351,12 +351,16 @@ class Client:
             return store
         faults = store.faults
         codes = []
-        for present in store.exist_many(option.ns, keys):
-            if present or faults.phantom_hit():
+        timed_out = False
+        for key, present in zip(keys, store.exist_many(option.ns, keys)):
+            if (faults.exist_flaps or faults.exist_key_fail_rate) and faults.exist_key_fails(key):
+                codes.append(StatusCode.TIMEOUT)
+                timed_out = True
+            elif present or faults.phantom_hit():
                 codes.append(StatusCode.SUCCESS)
             else:
                 codes.append(StatusCode.KEY_NOT_EXIST)
-        status = overall_status(codes) if store.mexist_miss == "failed" else StatusCode.SUCCESS
+        status = overall_status(codes) if timed_out or store.mexist_miss == "failed" else StatusCode.SUCCESS
         return status, Outcome(codes)
 
     def mdel(self, keys: Sequence[str], option: DelOption | None = None) -> tuple[StatusCode, Outcome]:

@@ -213,7 +213,7 @@ class SdkClient:
             return CallResult([FAIL] * len(keys), True, f"mget raised {e!r}")
         return self._interpret("mget", status, outcome, len(keys))
 
-    def mexist(self, keys: Sequence[str]) -> CallResult:
+    def mexist(self, keys: Sequence[str], keep_failures: bool = False) -> CallResult:
         try:
             status, outcome = self._client.mexist(self._keys(keys), self._exist_option)
         except Exception as e:
@@ -221,8 +221,12 @@ class SdkClient:
         result = self._interpret("mexist", status, outcome, len(keys))
         if result.whole_call_failed:
             return result
-        # Callers agree that any non-SUCCESS per-key code of mexist is a miss.
-        return CallResult([HIT if o == HIT else MISS for o in result.outcomes], False, result.detail)
+        # Any non-SUCCESS per-key code of mexist is a miss, but for a key that
+        # failed (a TIMEOUT, not KEY_NOT_EXIST) with `keep_failures`: the
+        # exists batcher asks such a key again before it counts as a miss.
+        failed = FAIL if keep_failures else MISS
+        outcomes = [HIT if o == HIT else failed if o == FAIL else MISS for o in result.outcomes]
+        return CallResult(outcomes, False, result.detail)
 
     def mdel(self, keys: Sequence[str]) -> CallResult:
         try:

@@ -20,6 +20,9 @@ class Counters:
         "put_failures",
         "exists",
         "exists_calls",
+        # exists keys whose mexist failed, asked again: answered, or failed again
+        "exists_recovered",
+        "exists_failed_again",
         "deletes",
         "retries",
         "timeouts",

@@ -29,6 +29,10 @@ BLOCK_OUTCOMES = {
 # Batched L1 ingestion (aibrix_compat/ingestion.py): blocks handed to L2, and
 # those of them its puts did not store.
 INGESTION_OUTCOMES = {"sent": "ingestion_blocks", "lost": "ingestion_lost"}
+# Exists keys whose first mexist failed (a per-key TIMEOUT or a failed call,
+# not a miss), asked once more (request/exists.py): answered hit or miss
+# the second time, or failed again (then a miss, or an error if the call failed).
+EXISTS_REASK_OUTCOMES = {"recovered": "exists_recovered", "failed": "exists_failed_again"}
 WRITE_BEHIND_OUTCOMES = {
     "accepted": "write_behind_blocks",
     "lost": "write_behind_lost",
@@ -96,6 +100,11 @@ class _Families:
             "aibrix_eic_gdr_resends",
             "Put keys refused as registered writes (GDR_TRANSFER_ERROR), re-sent unregistered.",
             LABELS,
+        )
+        self.exists_reasks = Counter(
+            "aibrix_eic_exists_reasks",
+            "Exists keys asked again once after their mexist failed (not a miss), by outcome of the second ask.",
+            (*LABELS, "outcome"),
         )
         self.timeouts = Counter(
             "aibrix_eic_deadline_timeouts", "Requests (or exists rounds) whose deadline passed.", LABELS

@@ -35,6 +35,7 @@ from ..util.teardown import OwnThread
 from .exporter import LOOPBACK, exporter_port, start_exporter
 from .families import (
     BLOCK_OUTCOMES,
+    EXISTS_REASK_OUTCOMES,
     INGESTION_OUTCOMES,
     LABELS,
     MULTIPROC_ENV,
@@ -121,6 +122,9 @@ class ConnectorMetrics:
             field: f.ingestion_blocks.labels(*labels, outcome) for outcome, field in INGESTION_OUTCOMES.items()
         }
         self._ingestion["ingestion_puts"] = f.ingestion_puts.labels(*labels)
+        self._exists_reasks = {
+            field: f.exists_reasks.labels(*labels, outcome) for outcome, field in EXISTS_REASK_OUTCOMES.items()
+        }
         self.pending_bytes: Callable[[], int] | None = None  # read by the sampler
         self.store_usage: Callable[[], StoreUsage | None] | None = None  # read by the sampler
         self._store_series: tuple[Any, Any, Any] | None = None  # bound at the first reading
@@ -134,6 +138,7 @@ class ConnectorMetrics:
             "gdr_resends": self._gdr_resends,
             **self._wb_blocks,
             **self._ingestion,
+            **self._exists_reasks,
         }
         self._registered = f.registered_bytes.labels(*labels)
         self._breaker_open.set(0)

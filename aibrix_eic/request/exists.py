@@ -6,6 +6,13 @@ Answers come back through call_soon_threadsafe, or as TIMEOUT from a loop
 timer; no task or future chain sits in between, which keeps a round of
 L2Cache.exists close to one SDK round trip.
 
+A key whose mexist failed (a per-key TIMEOUT or a failed call, not a
+miss) is asked once more, while the request's deadline and the breaker
+allow, before it counts as a miss: on a real EIC cluster one retry
+recovered 99.4 % of the keys lost to per-key timeouts, and mexist flapped
+318 times in 173k probes (bytedance-iaas/sglang #772). `retry_attempts: 0`
+turns it off with the other retries.
+
 This module owns the exists() request metrics: the answers of a mexist round
 are counted in bulk per round, and every other answer (a fast failure, a
 refusal, one the write-behind table gave) through `count`.
@@ -20,9 +27,11 @@ from typing import TYPE_CHECKING
 
 from aibrix_kvcache.status import Status, StatusCodes
 
+from ..link.calls import failed
 from ..link.link import Session
+from ..link.resilience import Deadline
 from ..link.runtime import Runtime
-from ..link.sdk import HIT, MISS, CallResult
+from ..link.sdk import FAIL, HIT, MISS, CallResult
 from .statuses import FAST_MISS, NOT_FOUND, OK, request_outcome
 
 if TYPE_CHECKING:
@@ -73,6 +82,7 @@ class ExistsBatcher:
                 return
             session, pool = usable
             timeout_ms = self._config.exists_timeout_ms
+            deadline = Deadline(timeout_ms / 1000)
             step = self._config.batch_keys
             spans = [(start, min(start + step, len(eic_keys))) for start in range(0, len(eic_keys), step)]
             futures: list[Future[CallResult]] = []
@@ -95,7 +105,7 @@ class ExistsBatcher:
                     pass  # the loop is closed: nobody waits any more
 
             for start, end in spans:
-                future = pool.submit(self._mexist, session, eic_keys[start:end])
+                future = pool.submit(self._mexist, session, eic_keys[start:end], deadline)
                 future.add_done_callback(functools.partial(on_done, start=start, end=end))
                 futures.append(future)
             self._counters.add(exists=len(eic_keys), exists_calls=len(spans))
@@ -103,8 +113,26 @@ class ExistsBatcher:
             self._counters.metrics.count_requests("exists", "error", sum(1 for w in waiters if not w.done()))
             answer(waiters, 0, len(waiters), Status(StatusCodes.ERROR, f"exists failed internally: {e!r}"))
 
-    def _mexist(self, session: Session, eic_keys: list[str]) -> CallResult:
-        return self._link.call("exists", session.client.mexist, eic_keys)
+    def _mexist(self, session: Session, eic_keys: list[str], deadline: Deadline) -> CallResult:
+        """One mexist, then its failed keys once more if the deadline, the
+        breaker and `retry_attempts` allow. A key failed in a call that
+        answered others is a miss, as mexist's per-key codes always read."""
+        result = self._link.call("exists", session.client.mexist, eic_keys, True)
+        again = failed(result.outcomes)
+        if again and self._config.retry_attempts and not self._link.breaker.tripped and not deadline.expired():
+            second = self._link.call("exists", session.client.mexist, [eic_keys[i] for i in again], True)
+            outcomes = list(result.outcomes)
+            for j, i in enumerate(again):
+                outcomes[i] = second.outcomes[j]
+            still = second.outcomes.count(FAIL)
+            self._counters.add(exists_calls=1, exists_recovered=len(again) - still, exists_failed_again=still)
+            whole = second.whole_call_failed and len(again) == len(eic_keys)
+            result = CallResult(
+                outcomes, whole, second.detail if whole else f"{result.detail}; asked again: {second.detail}"
+            )
+        if result.whole_call_failed:
+            return result
+        return CallResult([MISS if o == FAIL else o for o in result.outcomes], False, result.detail)
 
     def _timed_out(
         self, waiters: list[asyncio.Future[Status]], futures: list[Future[CallResult]], timeout_ms: float

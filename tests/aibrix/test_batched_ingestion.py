@@ -155,11 +155,11 @@ def send_chunk(cache, prompt, start: int, chunk: int, seed: int):
 def test_the_start_up_log_says_it_is_batched(build, caplog):
     with caplog.at_level(logging.INFO, logger=ingestion.__name__):
         build("HOT")
-    assert ingestion.BATCHED_LOG_LINE in caplog.text and ingestion.BATCHED_INGESTION_ENV in caplog.text
+    assert ingestion.BATCHED_LOG_LINE in caplog.text and ingestion.OPT_OUT_ENV in caplog.text
 
 
 def test_opt_out_keeps_aibrix_one_put_per_block(build, monkeypatch):
-    monkeypatch.setenv(ingestion.BATCHED_INGESTION_ENV, "0")
+    monkeypatch.setenv(ingestion.OPT_OUT_ENV, "0")
     cache = build("HOT")
     query = tokens(8, seed=3)
     assert send(cache, query, seed=3).is_ok()
@@ -170,8 +170,11 @@ def test_opt_out_keeps_aibrix_one_put_per_block(build, monkeypatch):
 
 
 def test_another_aibrix_kvcache_version_is_left_alone(build, monkeypatch):
-    monkeypatch.setattr(ingestion, "aibrix_version", lambda: "0.8.1")
-    assert ingestion.state()[0] is False and "0.8.1" in ingestion.state()[1]
+    from aibrix_eic.aibrix_compat import registry
+
+    monkeypatch.setattr(registry, "aibrix_version", lambda: "0.8.1")
+    state = registry.decide(registry.INGESTION)
+    assert state.on is False and "0.8.1" in state.why
     cache = build("ALL")
     assert send(cache, tokens(4, seed=4), seed=4).is_ok()
     assert cache.spy.puts == [1] * 4

@@ -2,7 +2,7 @@
 (aibrix_compat/flush.py), within write_behind_close_timeout_ms. The
 cross-process hand-off it exists for is in test_cross_process.py."""
 
-from harness import make_manager, manager_env, send, tokens, use_config
+from harness import send, tokens, write_behind_manager
 
 from aibrix_eic.engine import get_store
 
@@ -10,9 +10,7 @@ STORE = "flushwait"
 
 
 def _manager(monkeypatch, tmp_path, **config):
-    manager_env(monkeypatch)
-    use_config(monkeypatch, tmp_path, remote_url=f"local://{STORE}", put_mode="write_behind", **config)
-    return make_manager()
+    return write_behind_manager(monkeypatch, tmp_path, STORE, **config)
 
 
 def test_flush_returns_once_the_accepted_writes_are_stored(monkeypatch, tmp_path):

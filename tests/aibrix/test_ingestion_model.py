@@ -21,7 +21,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from aibrix_eic.aibrix_compat.ingestion import BATCHED_INGESTION_ENV
+from aibrix_eic.aibrix_compat.ingestion import OPT_OUT_ENV as BATCHED_INGESTION_ENV
 from aibrix_eic.config import ENV_CONFIG
 from aibrix_eic.engine import get_store
 

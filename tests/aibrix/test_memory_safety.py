@@ -112,12 +112,16 @@ def test_a_get_running_after_aibrix_timed_out_never_frees_a_region_twice(manager
 def test_order_timeouts_is_opt_out_and_idempotent(manager, monkeypatch):
     from aibrix_kvcache import cache_manager
 
+    from aibrix_eic.aibrix_compat import registry
+
     connector = connector_of(manager)
     assert aibrix_compat.order_timeouts(connector) and aibrix_compat.order_timeouts(connector)
     assert isinstance(cache_manager.asyncio, aibrix_compat._AsyncioWithOrderedTimeouts)
     monkeypatch.setattr(cache_manager, "asyncio", aibrix_compat.asyncio)
-    assert not aibrix_compat.order_timeouts(connector, {aibrix_compat.DISABLE_TIMEOUT_ORDERING_ENV: "1"})
-    assert cache_manager.asyncio is aibrix_compat.asyncio
+    for opt_out in ({"AIBRIX_EIC_PATCH_TIMEOUTS": "0"}, {"AIBRIX_EIC_DISABLE_TIMEOUT_ORDERING": "1"}):
+        timeouts = registry.install_all(connector, environ=opt_out)[0]
+        assert timeouts.workaround is registry.TIMEOUTS and not timeouts.on
+        assert cache_manager.asyncio is aibrix_compat.asyncio
 
 
 def test_a_region_whose_last_reference_is_gone_is_refused_and_not_resurrected(manager):

@@ -2,17 +2,26 @@
 it opens, round-trips memory regions byte for byte, and shows its known
 namespace bug (put uses eic_kv_ns, exists does not) against our namespaces."""
 
+import importlib.util
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
 from aibrix_kvcache.memory import TensorPoolAllocator
 
-from aibrix_eic.aibrix_compat.upstream import load_upstream_connector_class
 from aibrix_eic.config import ENV_CONFIG_UPSTREAM
 from aibrix_eic.engine import get_store
 
+# The loader lives with the benchmarks that compare against upstream.
+_spec = importlib.util.spec_from_file_location(
+    "benchmarks_upstream", Path(__file__).resolve().parents[2] / "benchmarks" / "upstream.py"
+)
+assert _spec is not None and _spec.loader is not None
+_upstream = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_upstream)
+load_upstream_connector_class = _upstream.load_upstream_connector_class
 BLOCK_NBYTES = 4096
 
 

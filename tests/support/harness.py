@@ -180,6 +180,13 @@ def make_manager(spec: KVCacheBlockSpec | None = None, max_tokens: int = 2048) -
     return BaseKVCacheManager(config=config)
 
 
+def write_behind_manager(monkeypatch, tmp_path, store: str, **config) -> BaseKVCacheManager:
+    """A manager with only L2, on engine store `store`, put_mode write_behind."""
+    manager_env(monkeypatch)
+    use_config(monkeypatch, tmp_path, remote_url=f"local://{store}", put_mode="write_behind", **config)
+    return make_manager()
+
+
 def connector_of(cache):
     """The L2 connector of a cache manager or an L2Cache. AIBrix keeps it in
     private attributes; this is the one place tests read them."""

@@ -44,6 +44,9 @@ def steps_of(output: str) -> list[str]:
 
 STEPS = (
     "config",
+    "patch-timeouts",
+    "patch-ingestion",
+    "patch-flush",
     "ingestion",
     "sdk",
     "connector",
@@ -449,12 +452,12 @@ def test_a_block_size_of_zero_is_refused_not_read_as_the_default(capsys, size):
     assert "expected a size > 0" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag, said", [(None, "batched L1 ingestion on"), ("0", "AIBRIX_EIC_BATCHED_INGESTION=0")])
+@pytest.mark.parametrize("flag, said", [(None, "batched L1 ingestion on"), ("0", "AIBRIX_EIC_PATCH_INGESTION=0")])
 def test_the_ingestion_step_says_whether_l1_ingestion_is_batched(capsys, monkeypatch, tmp_path, flag, said):
     if flag is None:
-        monkeypatch.delenv("AIBRIX_EIC_BATCHED_INGESTION", raising=False)
+        monkeypatch.delenv("AIBRIX_EIC_PATCH_INGESTION", raising=False)
     else:
-        monkeypatch.setenv("AIBRIX_EIC_BATCHED_INGESTION", flag)
+        monkeypatch.setenv("AIBRIX_EIC_PATCH_INGESTION", flag)
     code, out = run_check(capsys, "--config", config_file(tmp_path, put_mode="write_behind"))
     assert code == 0 and verdict_of(out, "ingestion") == "PASS", out
     line = next(line for line in out.splitlines() if line.split()[1:2] == ["ingestion"])
@@ -468,3 +471,25 @@ def test_a_direct_put_behind_batched_ingestion_is_warned_per_l1_call(capsys, mon
     code, out = run_check(capsys, "--config", config_file(tmp_path, put_mode="direct"))
     assert code == 0 and verdict_of(out, "ingestion") == "WARN", out
     assert "every L1 acquire or put that ingests blocks" in out and "batched L1 ingestion on" in out
+
+
+def test_each_workaround_has_a_line_saying_its_state_and_why(capsys, monkeypatch, tmp_path):
+    from aibrix_eic.aibrix_compat import registry
+
+    monkeypatch.setenv("AIBRIX_EIC_DISABLE_TIMEOUT_ORDERING", "1")
+    monkeypatch.setattr(registry, "aibrix_version", lambda: "0.8.1")
+    code, out = run_check(capsys, "--config", config_file(tmp_path))
+    assert code == 0, out
+    lines = {
+        line.split()[1]: line for line in out.splitlines() if line.split()[1:2] and line.split()[1].startswith("patch-")
+    }
+    assert set(lines) == {"patch-timeouts", "patch-ingestion", "patch-flush"}, out
+    assert (
+        verdict_of(out, "patch-timeouts") == "WARN"
+        and "AIBRIX_EIC_DISABLE_TIMEOUT_ORDERING is deprecated" in lines["patch-timeouts"]
+    )
+    assert verdict_of(out, "patch-ingestion") == "WARN" and "0.8.1 is not 0.8.0" in lines["patch-ingestion"]
+    assert "skipped" in lines["patch-ingestion"]
+    assert verdict_of(out, "patch-flush") == "WARN" and "installed" in lines["patch-flush"]
+    for line in lines.values():
+        assert "fixes: " in line and "/docs/aibrix-upstream-reports.md#" in line

@@ -219,10 +219,10 @@ def test_the_default_phases_run_batched_and_stock_l1_ingestion_side_by_side(serv
         assert env["AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED"] == "1"
         assert env["AIBRIX_KV_CACHE_OL_L1_CACHE_CAPACITY_GB"] == "1.5"
         assert "AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_TYPE" not in env  # AIBrix's default, HOT
-    assert batched[ingestion.BATCHED_INGESTION_ENV] == "1" and stock[ingestion.BATCHED_INGESTION_ENV] == "0"
-    assert serve.BATCHED_INGESTION_ENV == ingestion.BATCHED_INGESTION_ENV
+    assert batched[ingestion.OPT_OUT_ENV] == "1" and stock[ingestion.OPT_OUT_ENV] == "0"
+    assert serve.BATCHED_INGESTION_ENV == ingestion.OPT_OUT_ENV
     assert l1_off["AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED"] == "0"
-    assert ingestion.BATCHED_INGESTION_ENV not in l1_off
+    assert ingestion.OPT_OUT_ENV not in l1_off
 
 
 def test_the_batched_ingestion_log_line_is_the_one_the_connector_writes(serve, tmp_path):

@@ -50,8 +50,9 @@ def test_a_variable_that_is_not_a_flag_is_the_default_with_a_warning_naming_it(d
 
 # What AIBRIX_EIC_DISABLE_AUTOLOAD and AIBRIX_EIC_DISABLE_TIMEOUT_ORDERING
 # accepted before env_flag (`.strip().lower() in ("1", "true", "yes", "on")`),
-# and what each spelling meant: still the same (the second is read the same
-# way in aibrix_compat/timeouts.py; tests/aibrix/test_memory_safety.py sets it).
+# and what each spelling meant: still the same (the second, now a deprecated
+# alias of AIBRIX_EIC_PATCH_TIMEOUTS=0, is read by aibrix_compat/registry.py;
+# tests/unit/test_compat_registry.py checks it).
 def old_reading(raw: str) -> bool:
     return raw.strip().lower() in ("1", "true", "yes", "on")
 

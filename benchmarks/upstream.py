@@ -2,8 +2,9 @@
 
 Our shim owns the module name `aibrix_kvcache.l2.connectors.eic`, so the
 upstream class is loaded straight from its file, with an SDK module of our
-choice (by default the embedded engine) bound as its `eic`. Benchmarks and
-the compatibility test use this; the connector never does.
+choice (by default the embedded engine) bound as its `eic`. For the
+comparisons in this folder (compare_connectors.py, bench_ingestion.py) and
+tests/aibrix/test_upstream_compat.py; the package never uses it.
 """
 
 import importlib.util
@@ -17,7 +18,7 @@ def load_upstream_connector_class(sdk_module: ModuleType | None = None) -> type:
     import aibrix_kvcache.l2.connectors as connectors
 
     if sdk_module is None:
-        from .. import engine as sdk_module
+        import aibrix_eic.engine as sdk_module
     path = os.path.join(os.path.dirname(connectors.__file__), "eic", "eic.py")
     # This name makes its relative imports resolve inside aibrix_kvcache; it
     # is not added to sys.modules, so it never shadows the shim.
