@@ -15,15 +15,20 @@ failures included. Where the SDK's behaviour is unknown this engine takes the
 strict reading; docs/engine.md lists each choice.
 """
 
+import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TypeVar
 
 from ..engine import device
 from ..util import address_ranges as intervals
+from ..util.rate_limited_log import RateLimitedLogger
 from . import open_errors
 from .enums import LogLevel, MemoryType, StatusCode, TransportType, overall_status
+from .errors import StoreUnavailable
 from .registry import open_store
+from .shared_lock import LockTimeout
 from .store_api import StoreApi
 from .typed import Field, Struct
 
@@ -138,6 +143,22 @@ def _require_init_arguments(instance_id: object, endpoint: object, option: objec
 
 def _failed(nkeys: int, code: StatusCode = StatusCode.FAILED) -> tuple[StatusCode, Outcome]:
     return StatusCode.FAILED, Outcome([code] * nkeys)
+
+
+T = TypeVar("T")
+_rate_log = RateLimitedLogger(logging.getLogger(__name__))
+
+
+def _answered(nkeys: int, call: Callable[[], T]) -> T | list[StatusCode]:
+    """A shared store's call, or one code per key where it could not run:
+    TIMEOUT when a lock was not free by the call's deadline (another process
+    busy or frozen), FAILED for any other failure (a replaced lock file, out
+    of descriptors); logged at most once per 10 s per kind."""
+    try:
+        return call()
+    except StoreUnavailable as e:
+        _rate_log.log(type(e).__name__, logging.WARNING, "%s", e)
+        return [StatusCode.TIMEOUT if isinstance(e, LockTimeout) else StatusCode.FAILED] * nkeys
 
 
 class Client:
@@ -294,8 +315,11 @@ class Client:
             store, keys, vals, store.max_value_bytes, writing=True
         )
         if todo_index:
-            stored = store.put_many(
-                option.ns, todo_keys, todo_buffers, option.ttl_second, **self._on_device(todo_buffers)
+            stored = _answered(
+                len(todo_keys),
+                lambda: store.put_many(
+                    option.ns, todo_keys, todo_buffers, option.ttl_second, **self._on_device(todo_buffers)
+                ),
             )
             codes = self._merge(codes, todo_index, stored)
         return overall_status(codes), Outcome(codes)
@@ -321,7 +345,10 @@ class Client:
             return self._mget_as_text(store, keys, option.ns)
         codes, todo_index, todo_keys, todo_buffers = self._screen(store, keys, vals, None)
         if todo_index:
-            fetched = store.get_many(option.ns, todo_keys, todo_buffers, **self._on_device(todo_buffers))
+            fetched = _answered(
+                len(todo_keys),
+                lambda: store.get_many(option.ns, todo_keys, todo_buffers, **self._on_device(todo_buffers)),
+            )
             codes = self._merge(codes, todo_index, fetched)
         return overall_status(codes), vals, Outcome(codes)
 
@@ -351,7 +378,10 @@ class Client:
             return store
         faults = store.faults
         codes = []
-        for present in store.exist_many(option.ns, keys):
+        found = _answered(len(keys), lambda: store.exist_many(option.ns, keys))
+        if found and isinstance(found[0], StatusCode):  # the store could not answer
+            return overall_status(found), Outcome(found)  # type: ignore[arg-type]
+        for present in found:
             if present or faults.phantom_hit():
                 codes.append(StatusCode.SUCCESS)
             else:
@@ -365,10 +395,10 @@ class Client:
         store = self._begin_call(keys, option.ns)
         if isinstance(store, tuple):
             return store
-        codes = [
-            StatusCode.SUCCESS if removed else StatusCode.KEY_NOT_EXIST
-            for removed in store.delete_many(option.ns, keys)
-        ]
+        removed = _answered(len(keys), lambda: store.delete_many(option.ns, keys))
+        if removed and isinstance(removed[0], StatusCode):  # the store could not answer
+            return overall_status(removed), Outcome(removed)  # type: ignore[arg-type]
+        codes = [StatusCode.SUCCESS if done else StatusCode.KEY_NOT_EXIST for done in removed]
         return overall_status(codes), Outcome(codes)
 
     # ---------------------------------------------------- beyond the SDK
