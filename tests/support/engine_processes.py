@@ -16,7 +16,9 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(aibrix_eic.__file__)
 MiB = 1 << 20
 
 
-def child(code: str, *args: str, stdout=subprocess.PIPE, stdin=None, prefix: tuple[str, ...] = ()) -> subprocess.Popen:
+def child(
+    code: str, *args: str, stdout=subprocess.PIPE, stdin=None, stderr=None, prefix: tuple[str, ...] = ()
+) -> subprocess.Popen:
     """A fresh interpreter running `code` on this checkout's package
     (`prefix`: a command it runs under, such as unshare)."""
     env = {**os.environ, "PYTHONPATH": REPO_ROOT}
@@ -24,6 +26,7 @@ def child(code: str, *args: str, stdout=subprocess.PIPE, stdin=None, prefix: tup
         [*prefix, sys.executable, "-c", textwrap.dedent(code), *args],
         stdout=stdout,
         stdin=stdin,
+        stderr=stderr,
         env=env,
         text=True,
         cwd=REPO_ROOT,
