@@ -149,16 +149,22 @@ T = TypeVar("T")
 _rate_log = RateLimitedLogger(logging.getLogger(__name__))
 
 
-def _answered(nkeys: int, call: Callable[[], T]) -> T | list[StatusCode]:
-    """A shared store's call, or one code per key where it could not run:
-    TIMEOUT when a lock was not free by the call's deadline (another process
-    busy or frozen), FAILED for any other failure (a replaced lock file, out
-    of descriptors); logged at most once per 10 s per kind."""
+def _answered(nkeys: int, call: Callable[[], T], writes: bool = False) -> T | list[StatusCode]:
+    """A shared store's call, or one code per key where it could not run,
+    logged at most once per 10 s per kind. A lock not free by the call's
+    deadline (another process busy or frozen): TIMEOUT for a read, which
+    the store could not serve; STORE_BUSY for a write, while reads may go
+    on (a frozen reader holds up writers only), so a caller need not take
+    the store for down. Any other failure (a replaced lock file, out of
+    descriptors): FAILED."""
     try:
         return call()
+    except LockTimeout as e:
+        _rate_log.log("lock-timeout", logging.WARNING, "%s", e)
+        return [StatusCode.STORE_BUSY if writes else StatusCode.TIMEOUT] * nkeys
     except StoreUnavailable as e:
         _rate_log.log(type(e).__name__, logging.WARNING, "%s", e)
-        return [StatusCode.TIMEOUT if isinstance(e, LockTimeout) else StatusCode.FAILED] * nkeys
+        return [StatusCode.FAILED] * nkeys
 
 
 class Client:
@@ -320,6 +326,7 @@ class Client:
                 lambda: store.put_many(
                     option.ns, todo_keys, todo_buffers, option.ttl_second, **self._on_device(todo_buffers)
                 ),
+                writes=True,
             )
             codes = self._merge(codes, todo_index, stored)
         return overall_status(codes), Outcome(codes)
@@ -395,7 +402,7 @@ class Client:
         store = self._begin_call(keys, option.ns)
         if isinstance(store, tuple):
             return store
-        removed = _answered(len(keys), lambda: store.delete_many(option.ns, keys))
+        removed = _answered(len(keys), lambda: store.delete_many(option.ns, keys), writes=True)
         if removed and isinstance(removed[0], StatusCode):  # the store could not answer
             return overall_status(removed), Outcome(removed)  # type: ignore[arg-type]
         codes = [StatusCode.SUCCESS if done else StatusCode.KEY_NOT_EXIST for done in removed]

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 import pytest
-from engine_processes import child, client, mget, mset
+from engine_processes import child, client, frozen_process, mget, mset
 
 import aibrix_eic.engine as eic
 from aibrix_eic.engine import get_store
@@ -23,41 +23,6 @@ from aibrix_eic.engine import get_store
 SUCCESS, MISS = eic.StatusCode.SUCCESS, eic.StatusCode.KEY_NOT_EXIST
 DEADLINE_S = 1.0  # the default lock_timeout: the tests rely on it, so they also ran on f131f80
 SLACK_S = 1.5  # a loaded CI host's scheduling, on top of a deadline
-
-# Opens the store, writes "seed" (1 MiB of 3s), then freezes itself inside
-# its next read (test-only hook: SIGSTOP from inside the copy, while the
-# read holds its snapshot) or inside its next commit (while it holds the
-# commit gate), as argv[2] says.
-FREEZE_INSIDE = """
-    import os, signal, sys, numpy as np, aibrix_eic.engine as eic
-    from aibrix_eic.engine import shared_lock, shared_store
-    c = eic.Client()
-    assert c.init("frozen", sys.argv[1], eic.InitOption()) == 0
-    store = eic.get_store(sys.argv[1])
-    seed = np.full(1 << 20, 3, np.uint8)
-    assert store.put_many("", ["seed"], [(seed.ctypes.data, seed.nbytes)], -1) == [eic.StatusCode.SUCCESS]
-
-    def freeze():
-        print("frozen", flush=True)
-        os.kill(os.getpid(), signal.SIGSTOP)
-
-    if sys.argv[2] == "read":
-        copy = shared_store._memmove
-        def frozen_copy(*args):
-            freeze()
-            return copy(*args)
-        shared_store._memmove = frozen_copy
-        out = np.zeros(1 << 20, np.uint8)
-        print(store.get_many("", ["seed"], [(out.ctypes.data, out.nbytes)]), int(out[0]), flush=True)
-    else:
-        lock = shared_lock.StoreLock._lock
-        def frozen_lock(self, fd, byte, kind, *deadline):  # f131f80's took no deadline
-            lock(self, fd, byte, kind, *deadline)
-            if byte == 1 and kind == shared_lock.fcntl.F_WRLCK:  # the commit gate, for a commit
-                freeze()
-        shared_lock.StoreLock._lock = frozen_lock
-        print(store.put_many("", ["late"], [(seed.ctypes.data, seed.nbytes)], -1), flush=True)
-"""
 
 # What the other processes do meanwhile: `rounds` puts of 1 MiB and gets of
 # "seed", each printed as [code, seconds]; then a new Client.init's return.
@@ -100,18 +65,6 @@ def calls(lines: list[dict], op: str) -> list[tuple[str, float]]:
     return [tuple(line[op]) for line in lines if op in line]  # type: ignore[misc]
 
 
-def frozen_process(endpoint: str, where: str) -> subprocess.Popen:
-    proc = child(FREEZE_INSIDE, endpoint, where)
-    assert proc.stdout.readline().strip() == "frozen"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # stopped: 'T' in /proc/PID/stat
-        with open(f"/proc/{proc.pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "T":
-                return proc
-        time.sleep(0.01)
-    raise AssertionError("the process did not stop")
-
-
 def test_a_reader_frozen_in_its_snapshot_never_stalls_writers_readers_or_openers(shared_dir):
     """f131f80: the second put after the freeze hung forever (the writer
     waited on the frozen reader's snapshot with F_OFD_SETLKW, holding the
@@ -126,10 +79,10 @@ def test_a_reader_frozen_in_its_snapshot_never_stalls_writers_readers_or_openers
         assert calls(lines, "get") == [(str(SUCCESS), s) for _, s in calls(lines, "get")]
         assert all(s < DEADLINE_S + SLACK_S for _, s in calls(lines, "put") + calls(lines, "get"))
         puts = [code for code, _ in calls(lines, "put")]
-        assert set(puts) <= {str(SUCCESS), "StatusCode.TIMEOUT"} and "StatusCode.TIMEOUT" in puts, puts
+        assert set(puts) <= {str(SUCCESS), "StatusCode.STORE_BUSY"} and "StatusCode.STORE_BUSY" in puts, puts
         # Once a write of a process timed out on the frozen snapshot, its
         # next ones fail at once instead of waiting out the deadline again.
-        later = [s for code, s in calls(lines, "put")[1:] if code == "StatusCode.TIMEOUT"]
+        later = [s for code, s in calls(lines, "put")[1:] if code == "StatusCode.STORE_BUSY"]
         assert later and min(later) < 0.2, calls(lines, "put")
         frozen.send_signal(signal.SIGCONT)
         out, _ = frozen.communicate(timeout=60)
@@ -153,8 +106,9 @@ def test_a_writer_frozen_in_its_commit_fails_others_calls_within_their_deadline(
         assert init_s < DEADLINE_S + SLACK_S
         if ret != 0:  # opening reads the meta page the frozen commit may be writing: refused in time
             assert ret == -1 and "past this call's deadline" in why, why
-        for code, seconds in calls(lines, "put") + calls(lines, "get"):
-            assert code == "StatusCode.TIMEOUT" and seconds < DEADLINE_S + SLACK_S, lines
+        for op, expected in (("put", "StatusCode.STORE_BUSY"), ("get", "StatusCode.TIMEOUT")):
+            for code, seconds in calls(lines, op):
+                assert code == expected and seconds < DEADLINE_S + SLACK_S, lines
         frozen.send_signal(signal.SIGCONT)
         out, _ = frozen.communicate(timeout=60)
         assert "SUCCESS" in out, out

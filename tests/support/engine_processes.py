@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 
@@ -53,3 +54,52 @@ def mget(c, sizes: dict[str, int]) -> tuple[list, list[np.ndarray]]:
         vals.append(array.ctypes.data, array.nbytes, False)
     _, _, outcome = c.mget(eic.StringVector(sizes), eic.GetOption(), vals)
     return list(outcome.status_codes), arrays
+
+
+# Opens the store, writes "seed" (1 MiB of 3s), then freezes itself inside
+# its next read (test-only hook: SIGSTOP from inside the copy, while the
+# read holds its snapshot) or inside its next commit (while it holds the
+# commit gate), as argv[2] says.
+FREEZE_INSIDE = """
+    import os, signal, sys, numpy as np, aibrix_eic.engine as eic
+    from aibrix_eic.engine import shared_lock, shared_store
+    c = eic.Client()
+    assert c.init("frozen", sys.argv[1], eic.InitOption()) == 0
+    store = eic.get_store(sys.argv[1])
+    seed = np.full(1 << 20, 3, np.uint8)
+    assert store.put_many("", ["seed"], [(seed.ctypes.data, seed.nbytes)], -1) == [eic.StatusCode.SUCCESS]
+
+    def freeze():
+        print("frozen", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    if sys.argv[2] == "read":
+        copy = shared_store._memmove
+        def frozen_copy(*args):
+            freeze()
+            return copy(*args)
+        shared_store._memmove = frozen_copy
+        out = np.zeros(1 << 20, np.uint8)
+        print(store.get_many("", ["seed"], [(out.ctypes.data, out.nbytes)]), int(out[0]), flush=True)
+    else:
+        lock = shared_lock.StoreLock._lock
+        def frozen_lock(self, fd, byte, kind, *deadline):  # f131f80's took no deadline
+            lock(self, fd, byte, kind, *deadline)
+            if byte == 1 and kind == shared_lock.fcntl.F_WRLCK:  # the commit gate, for a commit
+                freeze()
+        shared_lock.StoreLock._lock = frozen_lock
+        print(store.put_many("", ["late"], [(seed.ctypes.data, seed.nbytes)], -1), flush=True)
+"""
+
+
+def frozen_process(endpoint: str, where: str) -> subprocess.Popen:
+    """A process running FREEZE_INSIDE, once it stopped."""
+    proc = child(FREEZE_INSIDE, endpoint, where)
+    assert proc.stdout.readline().strip() == "frozen"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # stopped: 'T' in /proc/PID/stat
+        with open(f"/proc/{proc.pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return proc
+        time.sleep(0.01)
+    raise AssertionError("the process did not stop")
