@@ -64,7 +64,7 @@ _FLOCK = struct.Struct("hhqqi4x")  # struct flock on 64-bit Linux; l_pid must be
 # Retry pauses: short first (a commit takes microseconds), growing to a
 # bound that keeps a waiter's extra latency small when the lock frees.
 _FIRST_PAUSE_S = 20e-6
-_MAX_PAUSE_S = 2e-3
+_MAX_PAUSE_S = 5e-4
 
 T = TypeVar("T")
 

@@ -404,12 +404,13 @@ class SharedStore:
     def _deadline(self) -> float:
         return time.monotonic() + self.lock_timeout_s
 
-    def _check_files(self) -> None:
-        """Refuse to go on once the lock file or data file this process
-        opened is no longer the one at its path (deleted, replaced, or its
-        directory removed and made again): the processes that opened the new
-        one would not exclude this one. Two stat calls, about 1 us each."""
-        for path, identity in self._files:
+    def _check_files(self, writing: bool) -> None:
+        """Refuse to go on once the lock file (and for a write, the data
+        file) this process opened is no longer the one at its path (deleted,
+        replaced, or its directory removed and made again): the processes
+        that opened the new one would not exclude this one. One stat call
+        per read (a few us; benchmarks/RESULTS.md), two per write."""
+        for path, identity in self._files if writing else self._files[:1]:
             try:
                 now = _identity(os.stat(path))
             except FileNotFoundError:
@@ -420,7 +421,7 @@ class SharedStore:
                 raise replaced(path, "the file was replaced by another (or its directory made again)")
 
     def _begin_read(self, env: Any) -> Any:
-        self._check_files()
+        self._check_files(writing=False)
         return env.begin(buffers=True)
 
     @contextmanager
@@ -499,7 +500,7 @@ class SharedStore:
         deadline: float,
     ) -> None:
         with self._lock.write(lambda: env.info()["last_txnid"] + 1, deadline) as commit:
-            self._check_files()  # under the writer mutex: the files are the ones every writer uses
+            self._check_files(writing=True)  # under the writer mutex: the files are the ones every writer uses
             txn = env.begin(write=True)
             try:
                 self._reserve(txn, nbytes, nkeys + len(hits))
