@@ -662,6 +662,7 @@ class SharedStore:
         hits: list[bytes] = []
         copied = 0
         meta_db, values_db = self._dbs["meta"], self._dbs["values"]
+        to_device: list[tuple[int, np.ndarray]] = []
         # One read snapshot: what it copies stays whole while writers go on.
         with self._reading() as txn:
             now = self.clock()
@@ -684,12 +685,18 @@ class SharedStore:
                     self._damaged(key, nbytes)
                     continue
                 if on_device and on_device[i]:
-                    device.copy_to_device(addr, np.frombuffer(value, dtype=np.uint8))
+                    # Staged on the host: a device copy waits for the caller's
+                    # stream, and no snapshot is held while waiting on that.
+                    staged = np.empty(nbytes, np.uint8)
+                    _memmove(staged.ctypes.data, address_of(value), nbytes)
+                    to_device.append((addr, staged))
                 else:
                     _memmove(addr, address_of(value), nbytes)
                 codes[i] = StatusCode.SUCCESS
                 hits.append(db_key)
                 copied += nbytes
+        for addr, staged in to_device:
+            device.copy_to_device(addr, staged)
         if hits:
             with self._hits_lock:
                 if len(self._hits) < _MAX_REMEMBERED_HITS:

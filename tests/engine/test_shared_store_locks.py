@@ -5,6 +5,7 @@ processes run, a process out of file descriptors, one store reached through
 two paths. Real processes; each case hung, crashed or misreported on
 f131f80, where every lock wait was F_OFD_SETLKW with no deadline."""
 
+import ctypes
 import json
 import os
 import resource
@@ -313,3 +314,25 @@ def test_the_lock_timeout_is_an_endpoint_parameter_of_shared_stores_only(shared_
     c = eic.Client()
     assert c.init("x", "lt?lock_timeout=1s", eic.InitOption()) == -22
     assert "apply only to a shared store" in c.last_error
+
+
+def test_a_device_get_holds_no_snapshot_while_it_waits_for_the_device(shared_dir, monkeypatch):
+    """A device copy waits for the caller's stream (copy_to_device
+    synchronises it); f131f80 made it inside the read, so a busy GPU stream
+    held the snapshot, and every writer of the node, for as long."""
+    from aibrix_eic.engine import device, shared_store
+
+    store = get_store(f"dev?dir={shared_dir}")
+    value = np.arange(8192, dtype=np.uint8)
+    assert store.put_many("", ["k"], [(value.ctypes.data, value.nbytes)], -1) == [SUCCESS]
+    seen = []
+
+    def waiting_copy(addr, host):
+        seen.append(store._active)  # transactions this process has open
+        np.copyto(np.ctypeslib.as_array((ctypes.c_uint8 * host.nbytes).from_address(addr)), host)
+
+    monkeypatch.setattr(device, "copy_to_device", waiting_copy)
+    monkeypatch.setattr(shared_store.device, "copy_to_device", waiting_copy)
+    out = np.zeros(8192, np.uint8)
+    assert store.get_many("", ["k"], [(out.ctypes.data, out.nbytes)], on_device=[True]) == [SUCCESS]
+    assert seen == [0] and (out == value).all()
