@@ -387,7 +387,7 @@ class Client:
         codes = []
         found = _answered(len(keys), lambda: store.exist_many(option.ns, keys))
         if found and isinstance(found[0], StatusCode):  # the store could not answer
-            return overall_status(found), Outcome(found)  # type: ignore[arg-type]
+            return overall_status(found), Outcome(found)
         for present in found:
             if present or faults.phantom_hit():
                 codes.append(StatusCode.SUCCESS)
@@ -404,7 +404,7 @@ class Client:
             return store
         removed = _answered(len(keys), lambda: store.delete_many(option.ns, keys), writes=True)
         if removed and isinstance(removed[0], StatusCode):  # the store could not answer
-            return overall_status(removed), Outcome(removed)  # type: ignore[arg-type]
+            return overall_status(removed), Outcome(removed)
         codes = [StatusCode.SUCCESS if done else StatusCode.KEY_NOT_EXIST for done in removed]
         return overall_status(codes), Outcome(codes)
 
