@@ -53,7 +53,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TypeVar
 
 from .errors import StoreUnavailable
@@ -191,24 +191,21 @@ class StoreLock:
             pass  # the descriptor was closed (fork): the lock went with it
 
     @contextmanager
-    def writing(self, deadline: float) -> Iterator[None]:
-        """The writer mutex, for work that is not one transaction (creating)."""
+    def _held(self, byte: int, kind: int, deadline: float) -> Iterator[None]:
         fd = self._fd()
-        self._lock(fd, _WRITER, fcntl.F_WRLCK, deadline)
+        self._lock(fd, byte, kind, deadline)
         try:
             yield
         finally:
-            self._unlock(fd, _WRITER)
+            self._unlock(fd, byte)
 
-    @contextmanager
-    def picking(self, deadline: float) -> Iterator[None]:
+    def writing(self, deadline: float) -> AbstractContextManager[None]:
+        """The writer mutex, for work that is not one transaction (creating)."""
+        return self._held(_WRITER, fcntl.F_WRLCK, deadline)
+
+    def picking(self, deadline: float) -> AbstractContextManager[None]:
         """The commit gate, shared: no commit rewrites a meta page meanwhile."""
-        fd = self._fd()
-        self._lock(fd, _GATE, fcntl.F_RDLCK, deadline)
-        try:
-            yield
-        finally:
-            self._unlock(fd, _GATE)
+        return self._held(_GATE, fcntl.F_RDLCK, deadline)
 
     def read(
         self, begin: Callable[[], T], snapshot_of: Callable[[T], int], deadline: float

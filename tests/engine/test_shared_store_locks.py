@@ -228,43 +228,30 @@ def finish(procs: list[subprocess.Popen]) -> list[dict]:
     return results
 
 
-def test_a_deleted_lock_file_is_refused_never_a_second_lock_domain(shared_dir):
-    """f131f80: processes that opened after the "stale lock" was deleted
-    locked a new inode while the first ones locked the old: two writers in
-    one data.mdb (SIGSEGV, LMDB assertion aborts, MDB_CORRUPTED)."""
+@pytest.mark.parametrize("replaced", ["store.lock", "the directory"])
+def test_a_replaced_lock_file_or_store_directory_is_refused_never_a_second_lock_domain(shared_dir, replaced):
+    """f131f80: processes that opened after the "stale lock" was deleted (or
+    DIR/NAME removed and made again, the fix every damaged-store message
+    printed) locked a new inode while the first ones locked the old: two
+    writers in one data.mdb (SIGSEGV, LMDB assertion aborts, MDB_CORRUPTED).
+    Now the first ones refuse every call, and only the new domain writes."""
     endpoint = f"relock?dir={shared_dir}&capacity=64MiB"
-    first = churners(endpoint, 2)
+    procs = churners(endpoint, 2)
     try:
         time.sleep(1)
-        os.unlink(os.path.join(shared_dir, "relock", "store.lock"))
-        second = churners(endpoint, 2)  # they make a new store.lock
+        if replaced == "store.lock":
+            os.unlink(os.path.join(shared_dir, "relock", "store.lock"))
+        else:
+            shutil.rmtree(os.path.join(shared_dir, "relock"))
+        procs += churners(endpoint, 2)  # they make a new store.lock (and store)
         time.sleep(3)
-        old, new = finish(first), finish(second)
+        old, new = finish(procs[:2]), finish(procs[2:])
     finally:
-        for proc in first + second if "second" in dir() else first:
+        for proc in procs:
             proc.kill()
     assert all(r["wrong"] == 0 for r in old + new), old + new
-    assert all(r["failed"] > 0 for r in old), old  # the first ones refuse every call now
-    assert all(r["ok"] > 0 for r in new), new  # the new lock domain is the only one
-
-
-def test_a_store_directory_removed_and_made_again_is_refused_by_old_processes(shared_dir):
-    """The fix every damaged-store message once printed, done while
-    processes run: the old ones must stop, never write into the new store
-    through their old locks, and a new init in an old process opens the new one."""
-    endpoint = f"remade?dir={shared_dir}&capacity=64MiB"
-    first = churners(endpoint, 2)
-    try:
-        time.sleep(1)
-        shutil.rmtree(os.path.join(shared_dir, "remade"))
-        second = churners(endpoint, 2)
-        time.sleep(3)
-        old, new = finish(first), finish(second)
-    finally:
-        for proc in first + second if "second" in dir() else first:
-            proc.kill()
-    assert all(r["wrong"] == 0 for r in old + new), old + new
-    assert all(r["failed"] > 0 for r in old) and all(r["ok"] > 0 for r in new), old + new
+    assert all(r["failed"] > 0 for r in old), old
+    assert all(r["ok"] > 0 for r in new), new
 
 
 # 300 live threads each doing an mget at a 256-descriptor limit.
