@@ -219,9 +219,9 @@ class StoreLock:
             txn = begin()
             try:
                 parity = _PARITY + snapshot_of(txn) % 2
-                # Free at once unless a writer is waiting for the readers of
-                # the snapshot before this one, which is then still current:
-                # that writer waits for this read too, as it must.
+                # Free at once: the writer that takes this byte exclusively
+                # (of txn snapshot + 2) cannot start before snapshot + 1
+                # commits, which the gate held here keeps from happening.
                 self._lock(fd, parity, fcntl.F_RDLCK, deadline)
             except BaseException:
                 abort = getattr(txn, "abort", None)

@@ -25,8 +25,9 @@ SUCCESS, MISS = eic.StatusCode.SUCCESS, eic.StatusCode.KEY_NOT_EXIST
 DEADLINE_S = 1.0  # the default lock_timeout: the tests rely on it, so they also ran on f131f80
 SLACK_S = 1.5  # a loaded CI host's scheduling, on top of a deadline
 
-# What the other processes do meanwhile: `rounds` puts of 1 MiB and gets of
-# "seed", each printed as [code, seconds]; then a new Client.init's return.
+# What the other processes do meanwhile: a Client.init, printed as [return,
+# seconds, last_error]; then (after a line on stdin with argv[3] "wait")
+# `rounds` puts of 1 MiB and gets of "seed", each printed as [code, seconds].
 OTHERS = """
     import json, sys, time, numpy as np, aibrix_eic.engine as eic
     endpoint, rounds = sys.argv[1], int(sys.argv[2])
@@ -36,6 +37,8 @@ OTHERS = """
     print(json.dumps({"init": [ret, time.monotonic() - started, c.last_error]}), flush=True)
     if ret != 0:
         sys.exit(0)
+    if sys.argv[3:] == ["wait"]:
+        sys.stdin.readline()
     value = np.full(1 << 20, 5, np.uint8)
     out = np.zeros(1 << 20, np.uint8)
     for i in range(rounds):
@@ -52,8 +55,13 @@ OTHERS = """
 """
 
 
-def others(endpoint: str, rounds: int) -> list[dict]:
-    proc = child(OTHERS, endpoint, str(rounds))
+def others(endpoint: str, rounds: int, proc: subprocess.Popen | None = None) -> list[dict]:
+    """OTHERS' lines (`proc`: one started with "wait", told to go now)."""
+    if proc is None:
+        proc = child(OTHERS, endpoint, str(rounds))
+    else:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
     try:
         out, _ = proc.communicate(timeout=rounds * 2 * (DEADLINE_S + SLACK_S) + 30)
     finally:
@@ -100,13 +108,16 @@ def test_a_writer_frozen_in_its_commit_fails_others_calls_within_their_deadline(
     """f131f80: every reader (and every new Client.init) hung on the commit
     gate the frozen writer held."""
     endpoint = f"frozen-writer?dir={shared_dir}&capacity=64MiB"
+    client(endpoint)  # the store exists before anyone freezes
+    opened_before = child(OTHERS, endpoint, "2", "wait", stdin=subprocess.PIPE)
+    assert json.loads(opened_before.stdout.readline())["init"][0] == 0
     frozen = frozen_process(endpoint, "commit")
     try:
-        lines = others(endpoint, 2)
-        ret, init_s, why = lines[0]["init"]
-        assert init_s < DEADLINE_S + SLACK_S
-        if ret != 0:  # opening reads the meta page the frozen commit may be writing: refused in time
-            assert ret == -1 and "past this call's deadline" in why, why
+        ret, init_s, why = others(endpoint, 0)[0]["init"]
+        # Opening reads the meta page the frozen commit may be writing: refused in time, naming why.
+        assert ret == -1 and init_s < DEADLINE_S + SLACK_S and "past this call's deadline" in why, why
+        lines = others(endpoint, 2, opened_before)
+        assert len(calls(lines, "put")) == len(calls(lines, "get")) == 2, lines
         for op, expected in (("put", "StatusCode.STORE_BUSY"), ("get", "StatusCode.TIMEOUT")):
             for code, seconds in calls(lines, op):
                 assert code == expected and seconds < DEADLINE_S + SLACK_S, lines
@@ -117,6 +128,7 @@ def test_a_writer_frozen_in_its_commit_fails_others_calls_within_their_deadline(
         assert after[0]["init"][0] == 0
         assert [code for code, _ in calls(after, "put") + calls(after, "get")] == [str(SUCCESS)] * 4
     finally:
+        opened_before.kill()
         frozen.send_signal(signal.SIGCONT)
         frozen.kill()
         frozen.stdout.close()
