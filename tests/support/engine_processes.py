@@ -1,14 +1,14 @@
 """Helpers for tests of the engine's shared mode across OS processes: a
-fresh interpreter running a snippet on this checkout, and SDK-shaped mset/mget
-on numpy arrays."""
+fresh interpreter running a snippet on this checkout, SDK-shaped mset/mget
+on numpy arrays, and a process frozen (SIGSTOP) inside a read or a commit."""
 
 import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
+from waiting import wait_until
 
 import aibrix_eic
 import aibrix_eic.engine as eic
@@ -96,10 +96,10 @@ def frozen_process(endpoint: str, where: str) -> subprocess.Popen:
     """A process running FREEZE_INSIDE, once it stopped."""
     proc = child(FREEZE_INSIDE, endpoint, where)
     assert proc.stdout.readline().strip() == "frozen"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # stopped: 'T' in /proc/PID/stat
+
+    def stopped() -> bool:  # 'T' in /proc/PID/stat
         with open(f"/proc/{proc.pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "T":
-                return proc
-        time.sleep(0.01)
-    raise AssertionError("the process did not stop")
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+    wait_until(stopped, what="the process to stop")
+    return proc
