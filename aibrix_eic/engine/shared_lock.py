@@ -25,6 +25,8 @@ still hold such a snapshot. Byte offsets in the lock file:
           the writer of N waited for them): new readers get snapshot N,
           the other byte, so a writer is never starved by a stream of readers
           and readers wait only for a commit, never for a whole write.
+    4     writers waiting: held shared by a writer while it waits for the
+          mutex, so the one that just released it lets it go round.
 
 No wait is unbounded: every lock is tried without blocking and tried again
 after a short, growing pause until the caller's deadline (a monotonic time),
