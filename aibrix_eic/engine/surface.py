@@ -349,7 +349,10 @@ class Client:
         if isinstance(store, tuple):
             return store[0], vals if vals is not None else [], store[1]
         if vals is None:
-            return self._mget_as_text(store, keys, option.ns)
+            text = _answered(len(keys), lambda: self._mget_as_text(store, keys, option.ns))
+            if isinstance(text, tuple):
+                return text
+            return overall_status(text), [""] * len(keys), Outcome(text)
         codes, todo_index, todo_keys, todo_buffers = self._screen(store, keys, vals, None)
         if todo_index:
             fetched = _answered(
