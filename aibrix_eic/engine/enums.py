@@ -62,6 +62,7 @@ class StatusCode(_PybindStyleEnum):
     NAMESPACE_NOT_FOUND = 105
     INVALID_ARGUMENT = 106
     NOT_INITIALIZED = 107
+    STORE_BUSY = 108  # a shared store's write found its lock held past the call's deadline
 
 
 class TransportType(_PybindStyleEnum):

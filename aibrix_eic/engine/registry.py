@@ -11,8 +11,10 @@ cluster share its data. An endpoint is `[name][?param=value&...]`:
                                      for callers that use the engine as `eic`
     "kv?dir=/dev/shm/aibrix-eic"     "kv" kept in that directory, shared by
                                      every process that names it (shared_store.py);
-                                     DIR must exist unless `create=1` is given, and
-                                     `mode=0770` shares the store with a group
+                                     DIR must exist unless `create=1` is given,
+                                     `mode=0770` shares the store with a group, and
+                                     `lock_timeout=500ms` bounds every wait for
+                                     another process's lock (opening included)
 
 Parameters given on a later init re-apply to the existing store; parameters
 left out keep their current value. docs/engine.md lists them.
@@ -65,6 +67,13 @@ def _parse_latency(text: str) -> float:
     return seconds
 
 
+def _parse_lock_timeout(text: str) -> float:
+    seconds = _parse_latency(text)
+    if seconds <= 0:
+        raise ValueError(f"expected a duration above 0, got {text!r}")
+    return seconds
+
+
 def _parse_namespaces(text: str) -> list[str]:
     return [ns for ns in text.split(",")]
 
@@ -102,8 +111,10 @@ ENDPOINT_PARAMS: dict[str, Callable[[str], Any]] = {
     "dir": _parse_dir,
     "create": parse_flag,
     "mode": parse_mode,
+    "lock_timeout": _parse_lock_timeout,
 }
 _SHARED_ONLY = ("create", "mode")  # how a shared store is opened; nothing to apply later
+_NEEDS_DIR = (*_SHARED_ONLY, "lock_timeout")
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, dict[str, Any]]:
@@ -157,6 +168,8 @@ def apply_params(store: StoreApi, params: dict[str, Any]) -> None:
         faults.default_codes_fail_rate = params["default_codes_fail_rate"]
     if "seed" in params:
         faults.reseed(params["seed"])
+    if "lock_timeout" in params:
+        store.lock_timeout_s = params["lock_timeout"]  # type: ignore[attr-defined]  # shared stores only
 
 
 def open_store(endpoint: str) -> StoreApi:
@@ -170,9 +183,11 @@ def open_store(endpoint: str) -> StoreApi:
         from .shared_store import open_shared_store  # imports lmdb only when used
 
         opening = {key: params[key] for key in _SHARED_ONLY if key in params}
+        if "lock_timeout" in params:
+            opening["lock_timeout_s"] = params["lock_timeout"]
         store = open_shared_store(name, params["dir"], params.get("capacity"), **opening)
-    elif any(key in params for key in _SHARED_ONLY):
-        raise ValueError(f"engine parameters {' and '.join(_SHARED_ONLY)} apply only to a shared store (dir=DIR)")
+    elif any(key in params for key in _NEEDS_DIR):
+        raise ValueError(f"engine parameters {', '.join(_NEEDS_DIR)} apply only to a shared store (dir=DIR)")
     else:
         with _stores_lock:
             if name not in _stores:

@@ -46,6 +46,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -73,7 +74,7 @@ from .shared_files import (
     store_entry,
     store_path,
 )
-from .shared_lock import StoreLock
+from .shared_lock import StoreLock, os_failure, replaced
 from .shared_records import (
     COUNT,
     DIGEST_MARK,
@@ -109,6 +110,14 @@ _FULL = (errno.ENOSPC, errno.EDQUOT)
 # free list and the new pages of a deeper tree.
 _RESERVE_SLACK = 4 << 20
 _DBS = ("values", "meta", "order", "expiry", "info")
+# How long a call (or opening) waits for a lock another process holds; the
+# connector sets it from its own timeouts (lock_timeout=, docs/engine.md).
+DEFAULT_LOCK_TIMEOUT_S = 1.0
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    """What a file or directory is, whatever path reaches it."""
+    return st.st_dev, st.st_ino
 
 
 def map_size_for(capacity: int) -> int:
@@ -138,8 +147,10 @@ class SharedStore:
         clock: Callable[[], float] = time.time,
         create: bool = False,
         mode: int = DEFAULT_MODE,
+        lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
     ) -> None:
         self.name = name
+        self.lock_timeout_s = lock_timeout_s  # per process, like the fault knobs
         self.path = store_path(directory, name)
         self.max_value_bytes = max_value_bytes
         self.namespaces: frozenset[str] | None = None
@@ -169,24 +180,37 @@ class SharedStore:
             )
         check_parent(directory, create, mode)
         store_entry(self.path, mode)
+        deadline = time.monotonic() + self.lock_timeout_s
         lock_path = os.path.join(self.path, LOCK_FILE)
-        os.close(open_file(lock_path, mode))
-        self._lock = StoreLock(lock_path)
         data = os.path.join(self.path, DATA_FILE)
+        header = os.path.join(self.path, HEADER_FILE)
         try:
-            with self._lock.writing():  # one opener at a time: creation is never raced
-                header = os.path.join(self.path, HEADER_FILE)
+            self.identity = _identity(os.lstat(self.path))
+            lock_fd = open_file(lock_path, mode)
+            try:
+                self._lock = StoreLock(lock_path, _identity(os.fstat(lock_fd)))
+            finally:
+                os.close(lock_fd)
+            made = existing_file(header, mode) and existing_file(data, mode) and os.stat(data).st_size > 0
+            # Creating takes the writer mutex (creation is never raced); an
+            # existing store only needs no commit to rewrite a meta page
+            # while it is read, so a writer stuck behind a frozen reader
+            # never keeps a new process from opening.
+            with self._lock.picking(deadline) if made else self._lock.writing(deadline):
                 if existing_file(data, mode) and not existing_file(header, mode):
                     raise damaged(data, f"it has no {HEADER_FILE} header (made by an older aibrix-eic?)")
                 self.map_size = read_or_create_header(header, map_size_for(self._initial_capacity), mode)
                 self._data_fd = open_file(data, mode)  # created here: never through a symlink, never 0644
+                self._files = ((lock_path, self._lock.identity), (data, _identity(os.fstat(self._data_fd))))
                 # A map another tool grew is kept: opening with less would
                 # shrink the file under the processes that use it.
                 self.map_size = max(self.map_size, self._check_length(data))
-                self._env = self._open_env(data, mode)
+                env = self._open_env(data, mode)
+            self._env = self._open_dbs(env, data, deadline)
         except OSError as e:
             raise from_os_error(self.path, e) from e
         self._pid = os.getpid()
+        _open_stores.add(self)
 
     def _open_env(self, data: str, mode: int) -> Any:
         try:
@@ -206,18 +230,25 @@ class SharedStore:
         self._page_size = env.stat()["psize"]
         self._reserved = 0  # data.mdb is allocated up to here (it never shrinks)
         self._can_reserve = True
+        return env
+
+    def _open_dbs(self, env: Any, data: str, deadline: float) -> Any:
+        """Open the named databases: in a transaction that writes nothing
+        and is guarded as a read, where the store has them; else create them
+        in a write transaction."""
         try:
-            with self._lock.write(lambda: env.info()["last_txnid"] + 1, mutex_held=True) as commit:
-                txn = env.begin(write=True)
-                try:
-                    self._dbs = {db: env.open_db(db.encode(), txn=txn) for db in _DBS}
-                    if txn.get(b"capacity", db=self._dbs["info"]) is None:
-                        capacity = self._capacity_within(self._initial_capacity)
-                        txn.put(b"capacity", COUNT.pack(capacity), db=self._dbs["info"])
-                except BaseException:
-                    txn.abort()
-                    raise
-                commit(txn.commit)
+            if not self._existing_dbs(env, deadline):
+                with self._lock.write(lambda: env.info()["last_txnid"] + 1, deadline) as commit:
+                    txn = env.begin(write=True)
+                    try:
+                        self._dbs = {db: env.open_db(db.encode(), txn=txn) for db in _DBS}
+                        if txn.get(b"capacity", db=self._dbs["info"]) is None:
+                            capacity = self._capacity_within(self._initial_capacity)
+                            txn.put(b"capacity", COUNT.pack(capacity), db=self._dbs["info"])
+                    except BaseException:
+                        txn.abort()
+                        raise
+                    commit(txn.commit)
         except lmdb.Error as e:
             env.close()
             raise damaged(data, f"LMDB cannot read it ({e})") from e
@@ -225,6 +256,31 @@ class SharedStore:
             env.close()
             raise
         return env
+
+    def _existing_dbs(self, env: Any, deadline: float) -> bool:
+        """Open the named databases of a store that has them all. LMDB opens
+        a handle for later transactions only in one that commits; this one
+        changes nothing, so its commit writes nothing (mdb_txn_commit skips
+        a transaction with no dirty page), and it holds its snapshot as a
+        reader does (its id is the snapshot's + 1)."""
+        txn, release = self._lock.read(lambda: env.begin(write=True), lambda t: t.id() - 1, deadline)
+        try:
+            try:
+                dbs = {db: env.open_db(db.encode(), txn=txn, create=False) for db in _DBS}
+            except lmdb.NotFoundError:
+                txn.abort()
+                return False
+            if txn.get(b"capacity", db=dbs["info"]) is None:
+                txn.abort()
+                return False
+            txn.commit()
+        except BaseException:
+            txn.abort()
+            raise
+        finally:
+            release()
+        self._dbs = dbs
+        return True
 
     @staticmethod
     def _check_length(data: str) -> int:
@@ -291,14 +347,27 @@ class SharedStore:
     def env(self) -> Any:
         if os.getpid() != self._pid:
             # LMDB's handle must not be used after fork (its state is the
-            # parent's), and a second handle in one process is refused.
+            # parent's); the child closed it (_after_fork_in_child).
             raise StoreUnavailable(
                 self.path,
-                "this process was forked from one that had opened it, and an LMDB handle cannot be used after fork",
-                "open the store only in processes that were not forked from one that used it "
-                "(start workers with the spawn method, or open the store after forking)",
+                "this handle was opened by the parent of this forked process, and an LMDB handle cannot be "
+                "used after fork",
+                "call Client.init again in the child: it opens the store afresh",
             )
         return self._env
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child: drop the parent's LMDB handle and descriptor,
+        so that the child can open the store afresh (LMDB refuses a second
+        handle on one file in a process) and holds nothing of the parent's."""
+        try:
+            self._env.close()  # unmaps and closes; writes nothing (no lock file, no transaction commits)
+        except Exception:
+            pass
+        try:
+            os.close(self._data_fd)
+        except OSError:
+            pass
 
     # --------------------------------------------------------- transactions
     def _enter(self) -> None:
@@ -324,7 +393,7 @@ class SharedStore:
             try:
                 while self._active:
                     self._active_changed.wait()
-                with self._lock.writing():  # no commit rewrites the meta page while it is read
+                with self._lock.writing(self._deadline()):  # no commit rewrites the meta page while it is read
                     self.env.set_mapsize(0)
                 self.map_size = self.env.info()["map_size"]
                 log.warning("shared store %s: another process grew its map; adopted %d bytes", self.path, self.map_size)
@@ -332,14 +401,38 @@ class SharedStore:
                 self._remapping = False
                 self._active_changed.notify_all()
 
+    def _deadline(self) -> float:
+        return time.monotonic() + self.lock_timeout_s
+
+    def _check_files(self, writing: bool) -> None:
+        """Refuse to go on once the lock file (and for a write, the data
+        file) this process opened is no longer the one at its path (deleted,
+        replaced, or its directory removed and made again): the processes
+        that opened the new one would not exclude this one. One stat call
+        per read (a few us; benchmarks/RESULTS.md), two per write."""
+        for path, identity in self._files if writing else self._files[:1]:
+            try:
+                now = _identity(os.stat(path))
+            except FileNotFoundError:
+                raise replaced(path, "the file was deleted (or its directory removed)") from None
+            except OSError as e:
+                raise os_failure(path, e) from e
+            if now != identity:
+                raise replaced(path, "the file was replaced by another (or its directory made again)")
+
+    def _begin_read(self, env: Any) -> Any:
+        self._check_files(writing=False)
+        return env.begin(buffers=True)
+
     @contextmanager
     def _reading(self) -> Iterator[Any]:
         """A read transaction at a snapshot no writer reuses the pages of."""
         env = self.env
+        deadline = self._deadline()
         for attempt in (1, 2):
             self._enter()
             try:
-                txn, release = self._lock.read(lambda: env.begin(buffers=True), lambda t: t.id())
+                txn, release = self._lock.read(lambda: self._begin_read(env), lambda t: t.id(), deadline)
                 break
             except lmdb.MapResizedError as e:
                 self._leave()
@@ -368,11 +461,12 @@ class SharedStore:
         with self._hits_lock:
             hits, self._hits = self._hits, {}
         env = self.env
+        deadline = self._deadline()
         for attempt in (1, 2):
             try:
                 self._enter()
                 try:
-                    self._write_once(env, hits, work, nbytes, nkeys)
+                    self._write_once(env, hits, work, nbytes, nkeys, deadline)
                 finally:
                     self._leave()
                 return
@@ -397,9 +491,16 @@ class SharedStore:
         )
 
     def _write_once(
-        self, env: Any, hits: dict[bytes, None], work: Callable[[Writer], None], nbytes: int, nkeys: int
+        self,
+        env: Any,
+        hits: dict[bytes, None],
+        work: Callable[[Writer], None],
+        nbytes: int,
+        nkeys: int,
+        deadline: float,
     ) -> None:
-        with self._lock.write(lambda: env.info()["last_txnid"] + 1) as commit:
+        with self._lock.write(lambda: env.info()["last_txnid"] + 1, deadline) as commit:
+            self._check_files(writing=True)  # under the writer mutex: the files are the ones every writer uses
             txn = env.begin(write=True)
             try:
                 self._reserve(txn, nbytes, nkeys + len(hits))
@@ -561,6 +662,7 @@ class SharedStore:
         hits: list[bytes] = []
         copied = 0
         meta_db, values_db = self._dbs["meta"], self._dbs["values"]
+        to_device: list[tuple[int, np.ndarray]] = []
         # One read snapshot: what it copies stays whole while writers go on.
         with self._reading() as txn:
             now = self.clock()
@@ -583,12 +685,18 @@ class SharedStore:
                     self._damaged(key, nbytes)
                     continue
                 if on_device and on_device[i]:
-                    device.copy_to_device(addr, np.frombuffer(value, dtype=np.uint8))
+                    # Staged on the host: a device copy waits for the caller's
+                    # stream, and no snapshot is held while waiting on that.
+                    staged = np.empty(nbytes, np.uint8)
+                    _memmove(staged.ctypes.data, address_of(value), nbytes)
+                    to_device.append((addr, staged))
                 else:
                     _memmove(addr, address_of(value), nbytes)
                 codes[i] = StatusCode.SUCCESS
                 hits.append(db_key)
                 copied += nbytes
+        for addr, staged in to_device:
+            device.copy_to_device(addr, staged)
         if hits:
             with self._hits_lock:
                 if len(self._hits) < _MAX_REMEMBERED_HITS:
@@ -613,21 +721,36 @@ class SharedStore:
         return found
 
 
-_shared: dict[str, SharedStore] = {}
+# This process's handles, by the (device, inode) of DIR/NAME: one store
+# reached through two paths is one handle (LMDB refuses a second).
+_shared: dict[tuple[int, int], SharedStore] = {}
 _shared_lock = threading.Lock()
+_open_stores: "weakref.WeakSet[SharedStore]" = weakref.WeakSet()  # every handle, for fork
 
 
 def open_shared_store(
-    name: str, directory: str, capacity: int | None, create: bool = False, mode: int = DEFAULT_MODE
+    name: str,
+    directory: str,
+    capacity: int | None,
+    create: bool = False,
+    mode: int = DEFAULT_MODE,
+    lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
 ) -> SharedStore:
     """This process's one handle on the store `name` in `directory` (LMDB
-    allows one per process), opened on first use. Raises StoreUnavailable
-    naming the path, the cause and the fix when it cannot be opened."""
+    allows one per process), opened on first use, within `lock_timeout_s`.
+    Raises StoreUnavailable naming the path, the cause and the fix when it
+    cannot be opened."""
     path = store_path(directory, name)
     with _shared_lock:
-        store = _shared.get(path)
+        try:
+            store = _shared.get(_identity(os.lstat(path)))
+        except OSError:
+            store = None  # not made yet: SharedStore says why if it cannot be
         if store is None:
-            store = _shared[path] = SharedStore(name, directory, capacity or DEFAULT_CAPACITY, create=create, mode=mode)
+            store = SharedStore(
+                name, directory, capacity or DEFAULT_CAPACITY, create=create, mode=mode, lock_timeout_s=lock_timeout_s
+            )
+            _shared[store.identity] = store
     return store
 
 
@@ -636,3 +759,18 @@ def forget_shared_stores() -> None:
     last test may still hold one, and LMDB closes it with the last reference."""
     with _shared_lock:
         _shared.clear()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts with no handle: the parent's are closed (the
+    parent's clients fail in the child, naming the fix) and the next
+    Client.init opens the store afresh. The lock is new: another thread of
+    the parent may have held it at fork."""
+    global _shared_lock
+    _shared_lock = threading.Lock()
+    _shared.clear()
+    for store in list(_open_stores):
+        store._forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -15,15 +15,20 @@ failures included. Where the SDK's behaviour is unknown this engine takes the
 strict reading; docs/engine.md lists each choice.
 """
 
+import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TypeVar
 
 from ..engine import device
 from ..util import address_ranges as intervals
+from ..util.rate_limited_log import RateLimitedLogger
 from . import open_errors
 from .enums import LogLevel, MemoryType, StatusCode, TransportType, overall_status
+from .errors import StoreUnavailable
 from .registry import open_store
+from .shared_lock import LockTimeout
 from .store_api import StoreApi
 from .typed import Field, Struct
 
@@ -138,6 +143,28 @@ def _require_init_arguments(instance_id: object, endpoint: object, option: objec
 
 def _failed(nkeys: int, code: StatusCode = StatusCode.FAILED) -> tuple[StatusCode, Outcome]:
     return StatusCode.FAILED, Outcome([code] * nkeys)
+
+
+T = TypeVar("T")
+_rate_log = RateLimitedLogger(logging.getLogger(__name__))
+
+
+def _answered(nkeys: int, call: Callable[[], T], writes: bool = False) -> T | list[StatusCode]:
+    """A shared store's call, or one code per key where it could not run,
+    logged at most once per 10 s per kind. A lock not free by the call's
+    deadline (another process busy or frozen): TIMEOUT for a read, which
+    the store could not serve; STORE_BUSY for a write, while reads may go
+    on (a frozen reader holds up writers only), so a caller need not take
+    the store for down. Any other failure (a replaced lock file, out of
+    descriptors): FAILED."""
+    try:
+        return call()
+    except LockTimeout as e:
+        _rate_log.log("lock-timeout", logging.WARNING, "%s", e)
+        return [StatusCode.STORE_BUSY if writes else StatusCode.TIMEOUT] * nkeys
+    except StoreUnavailable as e:
+        _rate_log.log(type(e).__name__, logging.WARNING, "%s", e)
+        return [StatusCode.FAILED] * nkeys
 
 
 class Client:
@@ -294,8 +321,12 @@ class Client:
             store, keys, vals, store.max_value_bytes, writing=True
         )
         if todo_index:
-            stored = store.put_many(
-                option.ns, todo_keys, todo_buffers, option.ttl_second, **self._on_device(todo_buffers)
+            stored = _answered(
+                len(todo_keys),
+                lambda: store.put_many(
+                    option.ns, todo_keys, todo_buffers, option.ttl_second, **self._on_device(todo_buffers)
+                ),
+                writes=True,
             )
             codes = self._merge(codes, todo_index, stored)
         return overall_status(codes), Outcome(codes)
@@ -318,10 +349,16 @@ class Client:
         if isinstance(store, tuple):
             return store[0], vals if vals is not None else [], store[1]
         if vals is None:
-            return self._mget_as_text(store, keys, option.ns)
+            text = _answered(len(keys), lambda: self._mget_as_text(store, keys, option.ns))
+            if isinstance(text, tuple):
+                return text
+            return overall_status(text), [""] * len(keys), Outcome(text)
         codes, todo_index, todo_keys, todo_buffers = self._screen(store, keys, vals, None)
         if todo_index:
-            fetched = store.get_many(option.ns, todo_keys, todo_buffers, **self._on_device(todo_buffers))
+            fetched = _answered(
+                len(todo_keys),
+                lambda: store.get_many(option.ns, todo_keys, todo_buffers, **self._on_device(todo_buffers)),
+            )
             codes = self._merge(codes, todo_index, fetched)
         return overall_status(codes), vals, Outcome(codes)
 
@@ -351,8 +388,11 @@ class Client:
             return store
         faults = store.faults
         codes = []
+        found = _answered(len(keys), lambda: store.exist_many(option.ns, keys))
+        if found and isinstance(found[0], StatusCode):  # the store could not answer
+            return overall_status(found), Outcome(found)
         timed_out = False
-        for key, present in zip(keys, store.exist_many(option.ns, keys)):
+        for key, present in zip(keys, found):
             if (faults.exist_flaps or faults.exist_key_fail_rate) and faults.exist_key_fails(key):
                 codes.append(StatusCode.TIMEOUT)
                 timed_out = True
@@ -369,10 +409,10 @@ class Client:
         store = self._begin_call(keys, option.ns)
         if isinstance(store, tuple):
             return store
-        codes = [
-            StatusCode.SUCCESS if removed else StatusCode.KEY_NOT_EXIST
-            for removed in store.delete_many(option.ns, keys)
-        ]
+        removed = _answered(len(keys), lambda: store.delete_many(option.ns, keys), writes=True)
+        if removed and isinstance(removed[0], StatusCode):  # the store could not answer
+            return overall_status(removed), Outcome(removed)
+        codes = [StatusCode.SUCCESS if done else StatusCode.KEY_NOT_EXIST for done in removed]
         return overall_status(codes), Outcome(codes)
 
     # ---------------------------------------------------- beyond the SDK

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
+from urllib.parse import parse_qsl
 
 from ..config import ConfigError, EICConfig
 from ..observability.metrics import StoreUsage
@@ -48,6 +49,10 @@ _REJECTING_CODE_NAMES = (
     "OUT_OF_CAPACITY",
     "NAMESPACE_NOT_FOUND",
     "INVALID_ARGUMENT",
+    # A shared store's write whose lock another process held past the call's
+    # deadline: reads still work, so it is no sign the store is down, and a
+    # retry at once would meet the same lock.
+    "STORE_BUSY",
 )
 
 
@@ -67,6 +72,22 @@ def load_sdk_module(config: EICConfig) -> ModuleType:
             f"Install it with `pip install {SDK_WHEEL_URL}`, "
             "or use `remote_url: local://` for the embedded engine",
         ) from None
+
+
+def init_endpoint(config: EICConfig) -> str:
+    """The endpoint Client.init gets. The embedded engine's shared store
+    (dir=) cannot learn a call's deadline through the SDK's call shapes, so
+    it is told once: no wait for another process's lock outlasts the
+    shortest of the connector's per-call timeouts, and the pool thread is
+    back before the request gives up on it. A lock_timeout= the URL gives wins."""
+    endpoint = config.endpoint
+    if not config.uses_embedded_engine:
+        return endpoint
+    given = {key for key, _ in parse_qsl(endpoint.partition("?")[2], keep_blank_values=True)}
+    if "dir" not in given or "lock_timeout" in given:
+        return endpoint
+    shortest = min(config.get_timeout_ms, config.put_timeout_ms, config.exists_timeout_ms, config.delete_timeout_ms)
+    return f"{endpoint}&lock_timeout={shortest:g}ms"
 
 
 @dataclass(frozen=True)
@@ -132,7 +153,7 @@ class SdkClient:
             if config.eic_flag_file is not None:
                 option.flag_file = config.eic_flag_file
             client = module.Client()
-            ret = client.init(config.eic_instance_id, config.endpoint, option)
+            ret = client.init(config.eic_instance_id, init_endpoint(config), option)
             sdk_client = cls(module, client, config)
         except Exception as e:  # a vendor binding may raise anything
             return None, f"eic client setup raised {e!r}"

@@ -128,3 +128,21 @@ def test_a_shared_store_that_cannot_be_opened_is_named_in_the_open_failure_and_l
     # Once by the engine, once by the breaker opening, at most once by the probe's rate-limited line.
     assert 1 <= len(said) <= 4, [f"{r.name} {r.levelname} {r.getMessage()[:80]}" for r in said]
     assert any(r.name == "aibrix_eic.link.link" and r.levelno == logging.WARNING for r in said)
+
+
+@pytest.mark.parametrize(
+    ("remote_url", "timeouts", "endpoint"),
+    [
+        ("local://kv?dir=/d", {}, "kv?dir=/d&lock_timeout=500ms"),  # exists_timeout_ms, the shortest default
+        ("local://kv?dir=/d", {"exists_timeout_ms": 900, "get_timeout_ms": 750}, "kv?dir=/d&lock_timeout=750ms"),
+        ("local://kv?dir=/d&lock_timeout=3s", {}, "kv?dir=/d&lock_timeout=3s"),  # the URL's own wins
+        ("local://kv", {}, "kv"),  # in-process: no lock to wait for
+    ],
+)
+def test_the_shared_store_learns_the_connectors_deadline_at_init(remote_url, timeouts, endpoint):
+    """The SDK's calls carry no deadline, so a shared store's lock waits are
+    bounded by the shortest per-call timeout, passed once at init: a call
+    that cannot get its lock returns before the request gives up on it."""
+    from aibrix_eic.link.sdk import init_endpoint
+
+    assert init_endpoint(EICConfig.from_mapping({"remote_url": remote_url, **timeouts})) == endpoint
