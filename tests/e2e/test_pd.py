@@ -138,6 +138,9 @@ def test_both_servers_open_the_shared_store(pd, workdir):
     for server in (pd.prefill, pd.decode):
         server.wait_log(open_line(url))
         server.wait_log(r"AIBrixPDReuseConnector is initialized")
+        # AIBrix's __init__ built the worker and ours adopted it: one cache manager, one open
+        assert server.count_log(r"AIBrixPDReuseConnector is initialized") == 1
+        assert server.count_log(open_line(url)) == 1
 
 
 def test_decoder_loads_the_prompt_from_eic_and_matches_a_colocated_server(pd, baseline):
