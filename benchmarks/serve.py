@@ -34,6 +34,13 @@ server at a time, so none steals another's cores. Phases:
   are the decoder's (its reused tokens are the tokens transferred through
   EIC); peak RSS is both servers'.
 - `vllm-prefix`: no connector, vLLM's prefix caching on: the ceiling.
+- `pd-pressure` (run only when named): `pd` with the decoder's KV cache cut
+  to --decoder-blocks engine blocks (vLLM's --num-gpu-blocks-override), so
+  that with long outputs vLLM preempts decoder requests and resumes them;
+  each pass reports the decoder's preemptions (`vllm:num_preemptions_total`)
+  beside its failed requests, which must be 0. A workload that preempts:
+  `--prompts 6 --prompt-len 900 --output-len 300 --max-concurrency 6
+  --request-rate inf` against 130 blocks.
 - controls (not in the default --phases): `mock`, as `eic` with AIBrix's
   own in-memory MOCK L2 backend (mput/mget) instead of ours, the floor of
   the L1-off reload: AIBrix's L2 path with a backend whose get is one
@@ -106,7 +113,8 @@ BATCHED_LOG_LINE = "AIBrix's synchronous L1 ingestion is batched"
 
 PHASES = ("plain", "eic", "eic-default", "eic-default-stock", "eic-evicted", "upstream", "vllm-prefix", "type2", "pd")
 NO_EIC_CONTROLS = ("mock", "l1-only", "mock-default")  # AIBrix's MOCK backend, or no L2
-CONTROLS = (*NO_EIC_CONTROLS, "eic-all")  # run only when named in --phases
+PD_PHASES = ("pd", "pd-pressure")
+CONTROLS = (*NO_EIC_CONTROLS, "eic-all", "pd-pressure")  # run only when named in --phases
 DEFAULT_GOODPUT = ["ttft:2000", "tpot:1000"]
 # The e2e probe (tests/e2e/probe) snapshots the engine's counters in every
 # server that loads it; at its test interval of 0.2 s it took about 4 s of
@@ -120,15 +128,15 @@ PD_ROLES = {"pd-prefill": "kv_both", "pd-decode": "kv_consumer"}
 
 
 def phase_servers(name: str, model_dir: Path, workdir: Path, args: argparse.Namespace) -> list[Server]:
-    """The servers of one phase, not started: one, or for `pd` the prefill
-    and the decode server (in that order) on one shared store."""
-    if name != "pd":
+    """The servers of one phase, not started: one, or for the PD phases the
+    prefill and the decode server (in that order) on one shared store."""
+    if name not in PD_PHASES:
         return [phase_server(name, model_dir, workdir, args)]
     phase_dir = workdir / name
     store_dir = phase_dir / "store"
     store_dir.mkdir(parents=True, exist_ok=True)
     config = phase_dir / "eic.yaml"
-    config.write_text(f"remote_url: local://serve-pd?dir={store_dir}&capacity=8GiB\n")
+    config.write_text(f"remote_url: local://serve-{name}?dir={store_dir}&capacity=8GiB\n")
     servers = []
     for server_name, kv_role in PD_ROLES.items():
         metrics_dir = phase_dir / server_name / "prometheus"
@@ -142,7 +150,9 @@ def phase_servers(name: str, model_dir: Path, workdir: Path, args: argparse.Name
             "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
         }
         kv_transfer = pd_reuse_cpu(kv_role, engine_id=server_name)
-        servers.append(Server(server_name, model_dir, phase_dir, env=env, kv_transfer=kv_transfer))
+        pressure = name == "pd-pressure" and kv_role == "kv_consumer"
+        server_args = ["--num-gpu-blocks-override", str(args.decoder_blocks)] if pressure else None
+        servers.append(Server(server_name, model_dir, phase_dir, env=env, kv_transfer=kv_transfer, args=server_args))
     return servers
 
 
@@ -332,6 +342,7 @@ def run_pass(
     eic_before = eic_get_hit_blocks(server)
     reused_before = aibrix_reused_tokens(server)
     prefix_before = prefix_cache_counters(server)
+    preemptions_before = preemptions(server)
     started = time.perf_counter()
     with PeakRss(server.proc.pid, *pids) as rss:
         result = vllm_bench_main(bench_args(base_url or server.url, model_dir, args))
@@ -346,6 +357,7 @@ def run_pass(
             "vllm_prefix_hit_tokens": prefix_hits,
             "eic_get_hit_blocks": None if eic_before is None else eic_get_hit_blocks(server) - eic_before,
             "engine_hit_blocks": None if engine_before is None else engine_hits(server) - engine_before,
+            "preemptions": preemptions(server) - preemptions_before,
             "errors": sorted({e for e in result.get("errors", []) if e})[:5],
         }
     )
@@ -354,6 +366,11 @@ def run_pass(
     out["reusable_tokens"] = reusable_tokens(lens, pd=base_url is not None)
     out["reused_fraction"] = out["reused_tokens"] / max(1, out["reusable_tokens"])
     return out
+
+
+def preemptions(server: Server) -> float:
+    """Requests vLLM preempted in `server` so far (vllm:num_preemptions_total)."""
+    return metric_value(server.metrics(), "vllm:num_preemptions_total")
 
 
 def reusable_tokens(prompt_lens: list[int], pd: bool = False) -> int:
@@ -557,6 +574,10 @@ def table(run: dict) -> str:
         for phase, profile in profiles.items():
             parts = ", ".join(f"{name} {s:.1f}" for name, s in profile["seconds"].items())
             lines.append(f"  {phase} ({profile['mode']}): total {profile['total_s']:.1f}: {parts}")
+    preempted = [
+        f"{k} pass {p[4:]} {fmt(v[p].get('preemptions'), '.0f')}" for k, v in run["results"].items() for p in passes(v)
+    ]
+    lines.append("preemptions (vllm:num_preemptions_total): " + ", ".join(preempted))
     lines.append("phase wall (s): " + ", ".join(f"{k} {v['wall_s']:.0f}" for k, v in run["results"].items()))
     logged = {k: v["batched_ingestion"] for k, v in run["results"].items() if "batched_ingestion" in v}
     if logged:
@@ -581,6 +602,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--goodput", nargs="+", default=DEFAULT_GOODPUT, help="vLLM's KEY:ms pairs")
     parser.add_argument("--l1-gb", type=float, default=2.0, help="eic-default's L1 capacity")
     parser.add_argument("--evicted-l1-gb", type=float, default=0.5, help="eic-evicted's L1 capacity")
+    parser.add_argument("--decoder-blocks", type=int, default=130, help="pd-pressure's decoder KV cache, in blocks")
     parser.add_argument("--runs", type=int, default=1, help="repeat the chosen phases N times, consecutively")
     parser.add_argument("--passes", type=int, default=2, choices=(2, 3), help="3: a third pass, after HOT ingestion")
     parser.add_argument(
@@ -615,7 +637,16 @@ def main(argv: list[str] | None = None) -> int:
         "params": asdict_spec(args.model),
         "workload": {
             k: getattr(args, k)
-            for k in ("prompts", "prompt_len", "output_len", "request_rate", "max_concurrency", "seed", "goodput")
+            for k in (
+                "prompts",
+                "prompt_len",
+                "output_len",
+                "request_rate",
+                "max_concurrency",
+                "seed",
+                "goodput",
+                "decoder_blocks",
+            )
         },
         "passes": args.passes,
         "profiled": args.profile,

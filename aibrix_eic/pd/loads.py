@@ -43,6 +43,14 @@ class HandOffs:
                 del self._blocks[rid]
         return hit
 
+    def received(self, request_ids: Iterable[str]) -> None:
+        """Loads vLLM heard were done: their blocks are the running
+        requests' now (and free to others after a preemption), so a failure
+        reported on them later is no longer these requests'."""
+        with self._lock:
+            for rid in request_ids:
+                self._blocks.pop(rid, None)
+
     def failed(self, request_id: str) -> bool:
         with self._lock:
             return request_id in self._failed

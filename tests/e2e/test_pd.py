@@ -11,6 +11,7 @@ the decoder's connector reads it from there: EIC is the P->D medium.
 
 import importlib.util
 import math
+import random
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -26,8 +27,9 @@ from conftest import (
     stop_server,
     write_config,
 )
+from model import VOCAB_SIZE
 from pd_proxy import PDProxy
-from server import ENGINE_BLOCK, Completion, Server, complete, metric_value, pd_reuse_cpu
+from server import ENGINE_BLOCK, Completion, Server, ServerError, complete, metric_value, pd_reuse_cpu
 
 STORE = "pd"
 # The prefiller writes the whole prompt, its last block padded; the decoder
@@ -41,7 +43,7 @@ PROMPT_BLOCKS = math.ceil(PROMPT_LEN / ENGINE_BLOCK)
 PD_LOGPROB_TOL = 1e-3
 
 
-def _spec(name: str, kv_role: str, **env: str):
+def _spec(name: str, kv_role: str, args: list[str] | None = None, **env: str):
     def spec(model_dir, workdir) -> dict:
         config = write_config(workdir, name, f"remote_url: {shared_store_url(workdir, STORE)}\n")
         metrics_dir = workdir / name / "prometheus"
@@ -51,6 +53,7 @@ def _spec(name: str, kv_role: str, **env: str):
             model_dir=model_dir,
             workdir=workdir,
             kv_transfer=pd_reuse_cpu(kv_role, engine_id=name),
+            args=args,
             env={
                 "AIBRIX_KV_CACHE_OL_EIC_CONFIG": str(config),
                 "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
@@ -62,7 +65,38 @@ def _spec(name: str, kv_role: str, **env: str):
 
 
 queue_server(__file__, "pd-prefill", _spec("pd-prefill", "kv_both", PYTHONHASHSEED="11"))
-queue_server(__file__, "pd-decode", _spec("pd-decode", "kv_consumer", PYTHONHASHSEED="12"))
+# A decoder KV cache of 130 blocks (4160 tokens): the other tests' requests
+# fit in it (3 x 1000-token prompts at most), the preemption test's six
+# 900 + 300-token requests do not.
+DECODER_BLOCKS = 130
+queue_server(
+    __file__,
+    "pd-decode",
+    _spec("pd-decode", "kv_consumer", args=["--num-gpu-blocks-override", str(DECODER_BLOCKS)], PYTHONHASHSEED="12"),
+)
+
+
+def _tokens(seed: int, length: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, VOCAB_SIZE) for _ in range(length)]
+
+
+# The padding collision: AIBrix's PD connector pads a prompt's partial last
+# block to a whole one with token id 0 and keys it by those tokens, so a
+# prompt A and B = A + [0] * k (no longer than A rounded up to a block) got
+# one key for that block. (len(A), k): B is decoded after A went through PD.
+PADDED = [(998, 26), (40, 24), (500, 12), (998, 2)]
+# B of whole blocks, sent to the decoder as a plain request: the connector's
+# non-PD path reads B's last block (a shorter B, or one under its 256-token
+# load threshold, is not read).
+PADDED_PLAIN = [(998, 26), (500, 12)]
+PAD_A = {f"pad{i}": _tokens(700 + i, n) for i, (n, _) in enumerate(PADDED)}
+PAD_PLAIN_A = {f"padplain{i}": _tokens(720 + i, n) for i, (n, _) in enumerate(PADDED_PLAIN)}
+# Controls: the same shapes, no A first; PROMPTS gets every B, so the
+# baseline server computes them.
+PROMPTS.update({f"{name}-b": a + [0] * k for (name, a), (_, k) in zip(PAD_A.items(), PADDED)})
+PROMPTS.update({f"{name}-b": a + [0] * k for (name, a), (_, k) in zip(PAD_PLAIN_A.items(), PADDED_PLAIN)})
+PROMPTS.update({f"padctl{i}-b": _tokens(740 + i, n) + [0] * k for i, (n, k) in enumerate(PADDED)})
 
 
 class PD:
@@ -70,7 +104,10 @@ class PD:
         self.prefill, self.decode, self.proxy = prefill, decode, proxy
 
     def complete(self, name: str, **extra) -> Completion:
-        return complete(self.proxy.url, PROMPTS[name], who="pd proxy", **extra)
+        return self.complete_tokens(PROMPTS[name], **extra)
+
+    def complete_tokens(self, prompt: list[int], **extra) -> Completion:
+        return complete(self.proxy.url, prompt, who="pd proxy", **extra)
 
     def sent_by_prefiller(self) -> int:
         """Tokens AIBrix's prefiller connector reports written for the proxy's latest prefill."""
@@ -101,6 +138,9 @@ def test_both_servers_open_the_shared_store(pd, workdir):
     for server in (pd.prefill, pd.decode):
         server.wait_log(open_line(url))
         server.wait_log(r"AIBrixPDReuseConnector is initialized")
+        # AIBrix's __init__ built the worker and ours adopted it: one cache manager, one open
+        assert server.count_log(r"AIBrixPDReuseConnector is initialized") == 1
+        assert server.count_log(open_line(url)) == 1
 
 
 def test_decoder_loads_the_prompt_from_eic_and_matches_a_colocated_server(pd, baseline):
@@ -158,6 +198,86 @@ def test_vllm_serving_benchmark_client_through_the_proxy_fails_nothing(pd, model
     result = vllm_bench_main(serve.bench_args(pd.proxy.url, model_dir, args))
     assert result["failed"] == 0 and result["completed"] == 6, result.get("errors")
     assert len(pd.proxy.history) >= 6
+
+
+def test_a_prompt_padded_with_zeros_never_decodes_from_a_shorter_prompts_block(pd, baseline):
+    """A, then B = A + [0] * k through the proxy: B's outputs are the
+    baseline's and B's decoder loads all of B (what telling the two apart
+    costs in reused tokens: nothing). On AIBrix's keys B's prefiller found
+    A's padded block "existing" and B's decoder loaded it: wrong tokens."""
+    for (name, a), (a_len, k) in zip(PAD_A.items(), PADDED):
+        pd.complete_tokens(a)
+        b = pd.complete_tokens(PROMPTS[f"{name}-b"])
+        assert_same_output(b, baseline[f"{name}-b"], f"B = A({a_len}) + [0] * {k} after A", tol=PD_LOGPROB_TOL)
+        assert pd.decode.reuse(b) == a_len + k, (a_len, k)
+
+
+def test_a_plain_request_to_the_decoder_never_reads_a_padded_block(pd, baseline):
+    """A through the proxy, then B = A + [0] * k (whole blocks) sent to the
+    decoder as an ordinary request: the connector's non-PD path reads A's
+    whole blocks and computes B's last one, which nothing stored."""
+    for (name, a), (a_len, k) in zip(PAD_PLAIN_A.items(), PADDED_PLAIN):
+        pd.complete_tokens(a)
+        b = pd.decode.complete(PROMPTS[f"{name}-b"])
+        assert_same_output(b, baseline[f"{name}-b"], f"plain B = A({a_len}) + [0] * {k} after A", tol=PD_LOGPROB_TOL)
+        assert pd.decode.reuse(b) == a_len // ENGINE_BLOCK * ENGINE_BLOCK, (a_len, k)
+
+
+def test_controls_of_the_padded_shapes_match_the_baseline(pd, baseline):
+    for i, (a_len, k) in enumerate(PADDED):
+        b = pd.complete_tokens(PROMPTS[f"padctl{i}-b"])
+        assert_same_output(b, baseline[f"padctl{i}-b"], f"control A({a_len}) + [0] * {k}", tol=PD_LOGPROB_TOL)
+        assert pd.decode.reuse(b) == a_len + k
+
+
+PREEMPT_PROMPTS = [_tokens(760 + i, 900) for i in range(6)]
+# Four prompts fill 116 of the 130 blocks; their outputs need a block each
+# every 32 tokens, so vLLM preempts after about 124 tokens and resumes later.
+PREEMPT_OUTPUT = 200
+
+
+def _assert_same_until_a_tie(got: Completion, want: Completion, what: str) -> None:
+    """Long greedy outputs: the tokens are the reference's and the logprobs
+    within PD_LOGPROB_TOL, up to and including the first token where they
+    part, if any, which must then be a tie (both picks as likely, within
+    the tolerance): a resumed request recomputes its outputs in another
+    batch shape, and this random model's cycles meet near-ties (measured:
+    one part at token 182 of 300). KV that is not the prompt's moves the
+    logprobs by far more (0.04 in the padding tests above)."""
+    parted = next((i for i, (a, b) in enumerate(zip(got.token_ids, want.token_ids)) if a != b), len(want.token_ids))
+    assert len(got.token_ids) == len(want.token_ids), what
+    worst = max(abs(a - b) for a, b in zip(got.logprobs[: parted + 1], want.logprobs[: parted + 1]))
+    assert worst <= PD_LOGPROB_TOL, f"{what}: logprobs differ by {worst} before token {parted}"
+
+
+def test_preempted_decoder_requests_are_answered_and_the_decoder_stays_up(pd):
+    """Six 900-token prompts asking 200 tokens each, at once: the 130-block
+    decoder preempts some and resumes them. Every request answers with the
+    tokens a server computing the prompts gives (the prefiller, as plain
+    requests: nothing was stored for these prompts) and the decoder stays
+    healthy. With AIBrix's scheduler a resumed request was loaded
+    again and reported received while running: vLLM's scheduler asserted
+    and the decoder's engine died."""
+    with ThreadPoolExecutor(len(PREEMPT_PROMPTS)) as pool:
+        want = list(pool.map(lambda p: pd.prefill.complete(p, max_tokens=PREEMPT_OUTPUT), PREEMPT_PROMPTS))
+    assert all(pd.prefill.reuse(w) == 0 for w in want)
+    preempted_before = metric_value(pd.decode.metrics(), "vllm:num_preemptions_total")
+
+    def through_proxy(prompt: list[int]) -> Completion | ServerError:
+        try:
+            return pd.complete_tokens(prompt, max_tokens=PREEMPT_OUTPUT)
+        except ServerError as e:
+            return e
+
+    with ThreadPoolExecutor(len(PREEMPT_PROMPTS)) as pool:
+        outs = list(pool.map(through_proxy, PREEMPT_PROMPTS))
+    assert pd.decode.healthy(), f"the decoder died:\n{pd.decode.tail()}"
+    failed = [out for out in outs if isinstance(out, ServerError)]
+    assert not failed, failed
+    for i, (out, ref) in enumerate(zip(outs, want)):
+        _assert_same_until_a_tie(out, ref, f"preemption prompt {i}")
+    preempted = metric_value(pd.decode.metrics(), "vllm:num_preemptions_total") - preempted_before
+    assert preempted > 0, "the decoder preempted nothing: the test did not test preemption"
 
 
 def _decode_after_prefill(pd: PD, name: str, between) -> Completion:

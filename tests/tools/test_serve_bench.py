@@ -323,3 +323,12 @@ def test_cpu_samples_are_charged_to_the_innermost_component():
     assert cpu_profile.summarise(raw + "\n" + step, within=cpu_profile.STEP_FRAME) == {
         "vLLM (scheduler, runner, API server)": 9
     }
+
+
+def test_pd_pressure_phase_cuts_only_the_decoders_kv_cache(serve, tmp_path):
+    args = serve.parse_args(["--phases", "pd-pressure", "--decoder-blocks", "77"])
+    prefill, decode = serve.phase_servers("pd-pressure", tmp_path / "model", tmp_path, args)
+    assert "--num-gpu-blocks-override" not in prefill.argv
+    assert decode.argv[decode.argv.index("--num-gpu-blocks-override") + 1] == "77"
+    assert _kv_transfer(decode)["kv_role"] == "kv_consumer"
+    assert "pd-pressure" not in serve.PHASES  # run only when named

@@ -57,3 +57,17 @@ def test_a_new_load_of_the_same_request_id_starts_clean():
     hand_offs.invalid({1})
     hand_offs.started("a", [4])
     assert not hand_offs.failed("a")
+
+
+def test_a_received_load_is_not_blamed_for_its_blocks_later():
+    """After a load is reported received its blocks belong to the running
+    request, and after a preemption to whoever gets them next: a failure
+    reported on them is another request's."""
+    hand_offs = HandOffs()
+    hand_offs.started("a", [1, 2])
+    hand_offs.started("b", [3])
+    assert hand_offs.invalid({3}) == {"b"}
+    hand_offs.received(["a", "b"])
+    assert hand_offs.invalid({1, 2}) == set()
+    assert not hand_offs.failed("a")
+    assert hand_offs.failed("b")  # received with a failure: still recomputed if vLLM asks again
