@@ -13,6 +13,8 @@ cluster share its data. An endpoint is `[name][?param=value&...]`:
                                      every process that names it (shared_store.py);
                                      DIR must exist unless `create=1` is given, and
                                      `mode=0770` shares the store with a group
+    "?prefault=4GiB"                 "default", keeping up to 4 GiB of pages faulted
+                                     ahead of its writes (`prefault=0`: none)
 
 Parameters given on a later init re-apply to the existing store; parameters
 left out keep their current value. docs/engine.md lists them.
@@ -75,6 +77,12 @@ def _parse_mexist_miss(text: str) -> str:
     return text
 
 
+def _parse_prefault(text: str) -> int:
+    if text.strip().lower() == "off":
+        return 0
+    return _bounded_size(MAX_CAPACITY)(text)
+
+
 def _parse_seed(text: str) -> int:
     return int(text)
 
@@ -102,8 +110,10 @@ ENDPOINT_PARAMS: dict[str, Callable[[str], Any]] = {
     "dir": _parse_dir,
     "create": parse_flag,
     "mode": parse_mode,
+    "prefault": _parse_prefault,
 }
 _SHARED_ONLY = ("create", "mode")  # how a shared store is opened; nothing to apply later
+_IN_PROCESS_ONLY = ("prefault",)  # the shared store's pages are LMDB's file pages
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, dict[str, Any]]:
@@ -134,6 +144,8 @@ _stores_lock = threading.Lock()
 def apply_params(store: StoreApi, params: dict[str, Any]) -> None:
     if "capacity" in params:
         store.set_capacity(params["capacity"])
+    if "prefault" in params:
+        store.set_prefault(params["prefault"])  # type: ignore[attr-defined]  # in-process only (open_store)
     if "max_value" in params:
         store.max_value_bytes = params["max_value"]
     if "namespaces" in params:
@@ -167,6 +179,10 @@ def open_store(endpoint: str) -> StoreApi:
     name, params = parse_endpoint(endpoint)
     store: StoreApi
     if "dir" in params:
+        if any(key in params for key in _IN_PROCESS_ONLY):
+            raise ValueError(
+                f"engine parameter {' and '.join(_IN_PROCESS_ONLY)} applies only to a store in this process (no dir=)"
+            )
         from .shared_store import open_shared_store  # imports lmdb only when used
 
         opening = {key: params[key] for key in _SHARED_ONLY if key in params}
@@ -176,7 +192,10 @@ def open_store(endpoint: str) -> StoreApi:
     else:
         with _stores_lock:
             if name not in _stores:
-                _stores[name] = Store(name=name)
+                # Made with its capacity and prefault, so that its refiller
+                # never starts mapping for the default ones.
+                made = {key: params[key] for key in ("capacity", "prefault") if key in params}
+                _stores[name] = Store(name=name, **made)
             store = _stores[name]
     apply_params(store, params)
     return store
@@ -193,7 +212,7 @@ def reset_stores() -> None:
     only forgotten: their data belongs to their directory."""
     with _stores_lock:
         for store in _stores.values():
-            store.clear()
+            store.close()
         _stores.clear()
     shared = sys.modules.get(__package__ + ".shared_store")
     if shared is not None:

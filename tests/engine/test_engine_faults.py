@@ -342,6 +342,7 @@ def test_every_documented_param_is_parsed():
         "dir",
         "create",
         "mode",
+        "prefault",
     }
 
 
