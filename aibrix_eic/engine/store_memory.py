@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .store_pages import ReadyPages, Refiller, chunk_bytes_for, supported, unmap
+from .store_pages import ReadyPages, Refiller, chunk_bytes_for, process_total, supported, unmap
 
 if TYPE_CHECKING:
     from .store import StoreStats
@@ -148,22 +148,24 @@ class StoreBuffers:
 
     def reserve_ready(self) -> int:
         """The size of the refiller's next chunk: 0 when enough is ready or
-        being mapped, or the store has no room for a chunk beside one more
-        chunk of writes. A chunk counts as held only once delivered, so one
-        being mapped never fails a write."""
+        being mapped in this process (every store's, process_total), or the
+        store has no room for a chunk beside one more chunk of writes. A
+        chunk counts as held only once delivered, so one being mapped never
+        fails a write."""
         with self._lock:
-            pages = self._pages
             chunk = chunk_bytes_for(self.capacity, self.prefault)
-            if not chunk or pages.ready_bytes + pages.mapping_bytes + chunk > self.prefault:
+            if not chunk or process_total.nbytes + chunk > self.prefault:
                 return 0
             if self._held_bytes + 2 * chunk > self.capacity:
                 return 0
-            pages.mapping_bytes += chunk
+            self._pages.mapping_bytes += chunk
+            process_total.add(chunk)
             return chunk
 
     def deliver_ready(self, addr: int | None, nbytes: int) -> None:
         with self._lock:
             self._pages.mapping_bytes -= nbytes
+            process_total.add(-nbytes)  # counted again below as ready, if kept
             if addr is None:
                 return
             if self.prefault and self._held_bytes + nbytes <= self.capacity:

@@ -109,6 +109,24 @@ class _Carved:
         unmap(self._addr, self._length)
 
 
+class _ProcessTotal:
+    """Ready and being-mapped bytes of every store in this process: a store
+    refills only while the total is under its `prefault`, so a process
+    that opens many stores (a benchmark, a test run) keeps one store's
+    worth ready, not one per store. Stores' locks differ: its own guards it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.nbytes = 0
+
+    def add(self, nbytes: int) -> None:
+        with self._lock:
+            self.nbytes += nbytes
+
+
+process_total = _ProcessTotal()
+
+
 class _Chunk:
     __slots__ = ("next", "end")
 
@@ -155,12 +173,14 @@ class ReadyPages:
             if chunk.next == chunk.end:
                 self._chunks.popleft()
             self.ready_bytes -= length
+            process_total.add(-length)
             return np.asarray(_Carved(addr, nbytes, length)), addr
         return None
 
     def add(self, addr: int, nbytes: int) -> None:
         self._chunks.append(_Chunk(addr, nbytes))
         self.ready_bytes += nbytes
+        process_total.add(nbytes)
         self.largest_chunk = max(self.largest_chunk, nbytes)
 
     def drop(self, nbytes: int) -> int:
@@ -174,10 +194,14 @@ class ReadyPages:
     def clear(self) -> int:
         return self.drop(self.ready_bytes)
 
+    def __del__(self) -> None:
+        self.clear()  # a store dropped without close(): its pages and its share of process_total
+
     def _give_back(self, chunk: _Chunk) -> int:
         nbytes = chunk.end - chunk.next
         unmap(chunk.next, nbytes)
         self.ready_bytes -= nbytes
+        process_total.add(-nbytes)
         return nbytes
 
 

@@ -146,6 +146,18 @@ def test_the_refiller_ends_with_its_store():
     wait_until(lambda: not thread.is_alive(), what="the refiller of a store nobody holds to end")
 
 
+def test_stores_of_one_process_share_one_prefault_budget():
+    first = Store(name="one", capacity=64 * 1024 * KIB, prefault=4 * 1024 * KIB)
+    wait_until(lambda: first._pages.ready_bytes >= 4 * 1024 * KIB, what="the first store's ready pages")
+    second = Store(name="two", capacity=64 * 1024 * KIB, prefault=4 * 1024 * KIB)
+    assert second.reserve_ready() == 0  # the process already keeps 4 MiB ready
+    first.close()
+    wait_until(lambda: second._pages.ready_bytes >= 4 * 1024 * KIB, what="the second store's turn")
+    assert store_pages.process_total.nbytes == second._pages.ready_bytes
+    second.close()
+    assert store_pages.process_total.nbytes == 0
+
+
 def test_the_refiller_runs_at_the_lowest_priority():
     store = Store(name="nice", capacity=8 * 1024 * KIB, prefault=1024 * KIB)
     refiller = store._refiller
