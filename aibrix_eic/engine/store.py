@@ -109,6 +109,7 @@ class Store(StoreBuffers):
         self._expiry_seq = itertools.count()
         self._pages = ReadyPages()
         self._refiller: Refiller | None = None
+        self._refill_paused = False
         self.prefault = 0
         self.set_prefault(self.default_prefault if prefault is None else prefault)
 
@@ -155,6 +156,9 @@ class Store(StoreBuffers):
             self._free.clear()
             self._free_bytes = 0
             self._held_bytes -= self._pages.clear()
+            # Until the next write: a store cleared and left (a benchmark's,
+            # a test's) must not hold the process's prefault budget.
+            self._refill_paused = True
             # Pinned values keep their bytes counted until their last reader
             # recycles them; values being written until they are published.
 

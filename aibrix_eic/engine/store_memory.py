@@ -45,6 +45,7 @@ class StoreBuffers:
     _lock: threading.Lock
     _pages: ReadyPages
     _refiller: Refiller | None
+    _refill_paused: bool  # cleared: nothing is kept ready until the next write
     _index: OrderedDict[tuple[str, str], _Value]
     _free: dict[int, list[tuple[np.ndarray, int]]]
     _free_bytes: int
@@ -73,6 +74,9 @@ class StoreBuffers:
             if not spare:
                 del self._free[nbytes]  # _make_room_unsafe expects no empty lists
             return _Value(buf, addr, nbytes)
+        if self._refill_paused:
+            self._refill_paused = False
+            self._wake_refiller_unsafe()
         if self._pages.ready_bytes:
             ready = self._pages.ready_bytes
             carved = self._pages.take(nbytes)
@@ -154,7 +158,7 @@ class StoreBuffers:
         fails a write."""
         with self._lock:
             chunk = chunk_bytes_for(self.capacity, self.prefault)
-            if not chunk or process_total.nbytes + chunk > self.prefault:
+            if not chunk or self._refill_paused or process_total.nbytes + chunk > self.prefault:
                 return 0
             if self._held_bytes + 2 * chunk > self.capacity:
                 return 0
@@ -168,7 +172,7 @@ class StoreBuffers:
             process_total.add(-nbytes)  # counted again below as ready, if kept
             if addr is None:
                 return
-            if self.prefault and self._held_bytes + nbytes <= self.capacity:
+            if self.prefault and not self._refill_paused and self._held_bytes + nbytes <= self.capacity:
                 self._pages.add(addr, nbytes)
                 self._held_bytes += nbytes
                 return
