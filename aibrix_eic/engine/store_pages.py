@@ -30,6 +30,7 @@ import sys
 import threading
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -105,8 +106,8 @@ class _Carved:
         self._length = length
         self.__array_interface__ = {"data": (addr, False), "shape": (nbytes,), "typestr": "|u1", "version": 3}
 
-    def __del__(self) -> None:
-        unmap(self._addr, self._length)
+    def __del__(self, unmap: Callable[[int, int], None] = unmap) -> None:
+        unmap(self._addr, self._length)  # bound at definition: module globals may be gone at exit
 
 
 class _ProcessTotal:
