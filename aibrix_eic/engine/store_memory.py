@@ -76,7 +76,8 @@ class StoreBuffers:
             return _Value(buf, addr, nbytes)
         if self._refill_paused:
             self._refill_paused = False
-            self._wake_refiller_unsafe()
+            if self.prefault:
+                self._wake_refiller_unsafe()
         if self._pages.ready_bytes:
             ready = self._pages.ready_bytes
             carved = self._pages.take(nbytes)

@@ -223,6 +223,15 @@ def test_a_bad_prefault_fails_the_config_naming_the_key():
         EICConfig.from_mapping({"remote_url": "local://kv?prefault=much"})
 
 
+def test_a_store_without_prefault_never_starts_a_refiller():
+    store = Store(name="none", capacity=8 * 1024 * KIB, prefault=0)
+    data = pattern(256 * KIB, 2)
+    for _ in range(2):  # a write after clear() too
+        assert store.put_many("", ["a"], [(data.ctypes.data, data.nbytes)], 0) == [StatusCode.SUCCESS]
+        store.clear()
+    assert store._refiller is None and store.stats.prefaulted == 0
+
+
 def test_open_store_applies_prefault_at_creation_and_later(monkeypatch):
     monkeypatch.setattr(Store, "default_prefault", 3 * 1024 * KIB)
     assert open_store("dflt?capacity=64MiB").prefault == 3 * 1024 * KIB
