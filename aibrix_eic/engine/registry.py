@@ -32,6 +32,7 @@ from ..util.units import exact_size_text, parse_duration, parse_size
 from .shared_files import parse_mode
 from .store import MEXIST_MISS_READINGS, Store
 from .store_api import StoreApi
+from .store_pages import parse_prefault
 
 if TYPE_CHECKING:
     from .shared_store import SharedStore
@@ -77,12 +78,6 @@ def _parse_mexist_miss(text: str) -> str:
     return text
 
 
-def _parse_prefault(text: str) -> int:
-    if text.strip().lower() == "off":
-        return 0
-    return _bounded_size(MAX_CAPACITY)(text)
-
-
 def _parse_seed(text: str) -> int:
     return int(text)
 
@@ -110,7 +105,7 @@ ENDPOINT_PARAMS: dict[str, Callable[[str], Any]] = {
     "dir": _parse_dir,
     "create": parse_flag,
     "mode": parse_mode,
-    "prefault": _parse_prefault,
+    "prefault": parse_prefault,
 }
 _SHARED_ONLY = ("create", "mode")  # how a shared store is opened; nothing to apply later
 _IN_PROCESS_ONLY = ("prefault",)  # the shared store's pages are LMDB's file pages

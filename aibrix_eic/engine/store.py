@@ -35,7 +35,7 @@ from ..engine import device
 from .enums import StatusCode
 from .faults import Faults
 from .store_memory import StoreBuffers, _Value
-from .store_pages import ReadyPages, Refiller
+from .store_pages import ReadyPages, Refiller, default_prefault
 
 _memmove = ctypes.memmove
 
@@ -78,8 +78,8 @@ class Store(StoreBuffers):
     # (PARTIAL_FAILED, FAILED when every key misses). A class default, so a
     # test can run everything under the other reading.
     mexist_miss: str = "success"
-    # Bytes of pages kept faulted ahead of allocation when `prefault` is
-    # not given. A class default, so a test suite can turn it off at once.
+    # Bytes of pages kept faulted ahead of allocation when neither
+    # `prefault` nor AIBRIX_EIC_ENGINE_PREFAULT says: a class default.
     default_prefault: int = DEFAULT_PREFAULT_BYTES
 
     def __init__(
@@ -111,7 +111,7 @@ class Store(StoreBuffers):
         self._refiller: Refiller | None = None
         self._refill_paused = False
         self.prefault = 0
-        self.set_prefault(self.default_prefault if prefault is None else prefault)
+        self.set_prefault(default_prefault(self.default_prefault) if prefault is None else prefault)
 
     # ------------------------------------------------------------------ info
     def __len__(self) -> int:

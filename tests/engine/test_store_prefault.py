@@ -25,6 +25,7 @@ from waiting import wait_until
 from aibrix_eic.config import ConfigError, EICConfig
 from aibrix_eic.engine import Store, open_store, parse_endpoint, store_memory, store_pages
 from aibrix_eic.engine.enums import StatusCode
+from aibrix_eic.engine.store import DEFAULT_PREFAULT_BYTES
 from aibrix_eic.engine.store_pages import MIN_POOLED, PAGE
 
 pytestmark = pytest.mark.skipif(not store_pages.supported(), reason="ready pages are Linux's")
@@ -232,8 +233,20 @@ def test_a_store_without_prefault_never_starts_a_refiller():
     assert store._refiller is None and store.stats.prefaulted == 0
 
 
+def test_the_default_comes_from_the_environment_then_the_class(monkeypatch):
+    monkeypatch.setenv(store_pages.PREFAULT_ENV, "3MiB")
+    assert open_store("dflt?capacity=64MiB").prefault == 3 * 1024 * KIB
+    monkeypatch.setenv(store_pages.PREFAULT_ENV, "lots")
+    with pytest.raises(ValueError, match="AIBRIX_EIC_ENGINE_PREFAULT='lots'"):
+        open_store("bad")
+    monkeypatch.delenv(store_pages.PREFAULT_ENV)
+    store = Store(name="unset", capacity=8 * 1024 * KIB)
+    assert store.prefault == DEFAULT_PREFAULT_BYTES == 1024**3  # the documented default
+    store.close()
+
+
 def test_open_store_applies_prefault_at_creation_and_later(monkeypatch):
-    monkeypatch.setattr(Store, "default_prefault", 3 * 1024 * KIB)
+    monkeypatch.setenv(store_pages.PREFAULT_ENV, "3MiB")
     assert open_store("dflt?capacity=64MiB").prefault == 3 * 1024 * KIB
     store = open_store("given?capacity=64MiB&prefault=0")
     assert store.prefault == 0 and store._refiller is None  # never started for the default
