@@ -118,10 +118,11 @@ def spec_of(block: str) -> KVCacheBlockSpec:
 class Runs:
     """Builds a cache manager per run, each on its own engine store."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, engine_params: str = "") -> None:
         self.directory = directory
         self.upstream = load_upstream_connector_class()
         self.count = 0
+        self.engine_params = engine_params  # appended to ours' local:// store (e.g. prefault=0)
 
     @contextlib.contextmanager
     def manager(self, who: str, block: str, latency_ms: float, ingestion: str, inflight: int, max_tokens: int):
@@ -159,7 +160,7 @@ class Runs:
         else:
             put_mode = who.removesuffix(STOCK)
             config = {
-                "remote_url": f"local://{store}?{params}",
+                "remote_url": f"local://{store}?{params}{'&' if self.engine_params else ''}{self.engine_params}",
                 "put_mode": put_mode,
                 "warmup_keys": 0,
                 "model_id": "bench",
@@ -376,10 +377,11 @@ def main() -> None:
     parser.add_argument(
         "--step-rtt", nargs="*", type=float, default=[1], help="the step's round trips, ms (none: no step)"
     )
+    parser.add_argument("--engine-params", default="", help="added to our engine stores' endpoint, e.g. prefault=0")
     args = parser.parse_args()
     results: dict = {"write": {}, "step": {}, "floor": FLOOR}
     with tempfile.TemporaryDirectory() as directory:
-        runs = Runs(directory)
+        runs = Runs(directory, args.engine_params)
         for block in args.blocks:
             for latency_ms in args.rtt:
                 for ingestion in args.ingestion:

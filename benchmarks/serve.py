@@ -165,7 +165,8 @@ def phase_server(name: str, model_dir: Path, workdir: Path, args: argparse.Names
         return Server(name, model_dir, workdir, connector=False, prefix_caching=name == "vllm-prefix", env=env)
     phase_dir = workdir / name
     phase_dir.mkdir(parents=True, exist_ok=True)
-    store = f"local://serve-{name}?capacity=8GiB"
+    prefault = getattr(args, "prefault", None)
+    store = f"local://serve-{name}?capacity=8GiB" + (f"&prefault={prefault}" if prefault else "")
     if name in NO_EIC_CONTROLS:
         env.update(
             {
@@ -610,6 +611,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("cpu", "step"),
         help="py-spy the server during pass 2: its CPU, or its worker's model step (running or waiting)",
     )
+    parser.add_argument("--prefault", help="the in-process store's prefault= (unset: the engine's default, 1GiB)")
     parser.add_argument("--json", default=str(REPO / "bench-out" / "serve.json"))
     args = parser.parse_args(argv)
     args.phases = [p.strip() for p in args.phases.split(",") if p.strip()]

@@ -34,7 +34,12 @@ import aibrix_kvcache.cache_manager as _cache_manager  # noqa: E402
 import aibrix_eic  # noqa: E402
 from aibrix_eic.config import ENV_CONFIG, ENV_CONFIG_UPSTREAM  # noqa: E402
 from aibrix_eic.engine import reset_stores  # noqa: E402
+from aibrix_eic.engine.store_pages import PREFAULT_ENV  # noqa: E402
 
+# Stores made by tests, and by the processes they start, keep no pages
+# faulted ahead unless a test asks (tests/engine/test_store_prefault.py):
+# each would fault a default's worth in the background.
+os.environ[PREFAULT_ENV] = "0"
 # CPU-only torch cannot pin memory (pinning needs CUDA).
 _cache_manager.TESTING_DISABLE_PIN_MEMORY = True
 # Route AIBrix's EIC backend to us even when the .pth hook is disabled.

@@ -15,6 +15,8 @@ cluster share its data. An endpoint is `[name][?param=value&...]`:
                                      `mode=0770` shares the store with a group, and
                                      `lock_timeout=500ms` bounds every wait for
                                      another process's lock (opening included)
+    "?prefault=4GiB"                 "default", keeping up to 4 GiB of pages faulted
+                                     ahead of its writes (`prefault=0`: none)
 
 Parameters given on a later init re-apply to the existing store; parameters
 left out keep their current value. docs/engine.md lists them.
@@ -32,6 +34,7 @@ from ..util.units import exact_size_text, parse_duration, parse_size
 from .shared_files import parse_mode
 from .store import MEXIST_MISS_READINGS, Store
 from .store_api import StoreApi
+from .store_pages import parse_prefault
 
 if TYPE_CHECKING:
     from .shared_store import SharedStore
@@ -112,9 +115,11 @@ ENDPOINT_PARAMS: dict[str, Callable[[str], Any]] = {
     "create": parse_flag,
     "mode": parse_mode,
     "lock_timeout": _parse_lock_timeout,
+    "prefault": parse_prefault,
 }
 _SHARED_ONLY = ("create", "mode")  # how a shared store is opened; nothing to apply later
 _NEEDS_DIR = (*_SHARED_ONLY, "lock_timeout")
+_IN_PROCESS_ONLY = ("prefault",)  # the shared store's pages are LMDB's file pages
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, dict[str, Any]]:
@@ -145,6 +150,8 @@ _stores_lock = threading.Lock()
 def apply_params(store: StoreApi, params: dict[str, Any]) -> None:
     if "capacity" in params:
         store.set_capacity(params["capacity"])
+    if "prefault" in params:
+        store.set_prefault(params["prefault"])  # type: ignore[attr-defined]  # in-process only (open_store)
     if "max_value" in params:
         store.max_value_bytes = params["max_value"]
     if "namespaces" in params:
@@ -180,6 +187,10 @@ def open_store(endpoint: str) -> StoreApi:
     name, params = parse_endpoint(endpoint)
     store: StoreApi
     if "dir" in params:
+        if any(key in params for key in _IN_PROCESS_ONLY):
+            raise ValueError(
+                f"engine parameter {' and '.join(_IN_PROCESS_ONLY)} applies only to a store in this process (no dir=)"
+            )
         from .shared_store import open_shared_store  # imports lmdb only when used
 
         opening = {key: params[key] for key in _SHARED_ONLY if key in params}
@@ -191,7 +202,10 @@ def open_store(endpoint: str) -> StoreApi:
     else:
         with _stores_lock:
             if name not in _stores:
-                _stores[name] = Store(name=name)
+                # Made with its capacity and prefault, so that its refiller
+                # never starts mapping for the default ones.
+                made = {key: params[key] for key in ("capacity", "prefault") if key in params}
+                _stores[name] = Store(name=name, **made)
             store = _stores[name]
     apply_params(store, params)
     return store
@@ -208,7 +222,7 @@ def reset_stores() -> None:
     only forgotten: their data belongs to their directory."""
     with _stores_lock:
         for store in _stores.values():
-            store.clear()
+            store.close()
         _stores.clear()
     shared = sys.modules.get(__package__ + ".shared_store")
     if shared is not None:

@@ -10,10 +10,11 @@ copy finished, so readers never see a half-written value.
 
 Memory (StoreBuffers, store_memory.py): every buffer the store owns counts in
 `held_bytes` (published values, values being written, unlinked-but-pinned
-values, and freed buffers kept for reuse). Allocation keeps
-`held_bytes <= capacity` by recycling freed buffers, then dropping freed
-buffers of other sizes, then evicting LRU values; a write that still does not
-fit fails with OUT_OF_CAPACITY. Only set_capacity can
+values, freed buffers kept for reuse, and pages kept faulted ahead of
+allocation, store_pages.py). Allocation keeps `held_bytes <= capacity` by
+recycling freed buffers, then carving ready pages, then dropping freed
+buffers of other sizes and ready pages, then evicting LRU values; a write
+that still does not fit fails with OUT_OF_CAPACITY. Only set_capacity can
 leave it above capacity, by what pinned reads and in-flight writes hold until
 they finish. Per value the bookkeeping (value object, numpy header, index
 entry, key) is about 420 bytes; benchmarks/bench_engine.py measures it.
@@ -34,6 +35,7 @@ from ..engine import device
 from .enums import StatusCode
 from .faults import Faults
 from .store_memory import StoreBuffers, _Value
+from .store_pages import ReadyPages, Refiller, default_prefault
 
 _memmove = ctypes.memmove
 
@@ -53,6 +55,7 @@ class StoreStats:
     bytes_in: int = 0
     bytes_out: int = 0
     allocations: int = 0
+    prefaulted: int = 0  # allocations carved from ready pages (prefault=)
 
 
 MEXIST_MISS_READINGS = ("success", "failed")
@@ -61,6 +64,9 @@ MEXIST_MISS_READINGS = ("success", "failed")
 # values reach 20 MiB), small enough to catch a runaway size; `max_value=4MiB`
 # models the agents that split at 4 MiB. docs/engine.md gives the evidence.
 DEFAULT_MAX_VALUE_BYTES = 64 * 1024**2
+# Pages kept faulted ahead of the store's writes unless `prefault=` says
+# otherwise (store_pages.py; docs/engine.md gives the measured trade-off).
+DEFAULT_PREFAULT_BYTES = 1024**3
 
 
 class Store(StoreBuffers):
@@ -72,6 +78,9 @@ class Store(StoreBuffers):
     # (PARTIAL_FAILED, FAILED when every key misses). A class default, so a
     # test can run everything under the other reading.
     mexist_miss: str = "success"
+    # Bytes of pages kept faulted ahead of allocation when neither
+    # `prefault` nor AIBRIX_EIC_ENGINE_PREFAULT says: a class default.
+    default_prefault: int = DEFAULT_PREFAULT_BYTES
 
     def __init__(
         self,
@@ -80,6 +89,7 @@ class Store(StoreBuffers):
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         namespaces: Iterable[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        prefault: int | None = None,
     ) -> None:
         self.name = name
         self.capacity = capacity
@@ -97,6 +107,11 @@ class Store(StoreBuffers):
         self._live_bytes = 0
         self._expiry_heap: list[tuple[float, int, tuple[str, str], _Value]] = []
         self._expiry_seq = itertools.count()
+        self._pages = ReadyPages()
+        self._refiller: Refiller | None = None
+        self._refill_paused = False
+        self.prefault = 0
+        self.set_prefault(default_prefault(self.default_prefault) if prefault is None else prefault)
 
     # ------------------------------------------------------------------ info
     def __len__(self) -> int:
@@ -140,8 +155,17 @@ class Store(StoreBuffers):
             self._held_bytes -= self._free_bytes
             self._free.clear()
             self._free_bytes = 0
+            self._held_bytes -= self._pages.clear()
+            # Until the next write: a store cleared and left (a benchmark's,
+            # a test's) must not hold the process's prefault budget.
+            self._refill_paused = True
             # Pinned values keep their bytes counted until their last reader
             # recycles them; values being written until they are published.
+
+    def close(self) -> None:
+        """clear(), and stop keeping pages ready (reset_stores does this)."""
+        self.set_prefault(0)
+        self.clear()
 
     def set_capacity(self, capacity: int) -> None:
         with self._lock:

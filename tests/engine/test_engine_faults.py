@@ -343,6 +343,7 @@ def test_every_documented_param_is_parsed():
         "create",
         "mode",
         "lock_timeout",
+        "prefault",
     }
 
 
