@@ -17,6 +17,7 @@ import re
 import sys
 
 import pytest
+from markdown_anchors import anchors_of, slug
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = sorted(
@@ -345,29 +346,11 @@ def test_every_cited_test_exists(page):
 # ------------------------------------------------------------------ links
 
 
-def _slug(heading: str) -> str:
-    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
-    text = heading.strip().lower()
-    text = re.sub(r"[^\w\- ]", "", text)
-    return text.replace(" ", "-")
+_slug = slug
 
 
 def anchors(path: str) -> set[str]:
-    found: set[str] = set()
-    counts: dict[str, int] = {}
-    in_fence = False
-    for line in _read(path).splitlines():
-        if line.startswith("```"):
-            in_fence = not in_fence
-        if in_fence:
-            continue
-        match = re.match(r"^#{1,6} (.+)$", line)
-        if match:
-            slug = _slug(match.group(1))
-            n = counts.get(slug, 0)
-            counts[slug] = n + 1
-            found.add(slug if n == 0 else f"{slug}-{n}")
-    return found
+    return anchors_of(_read(path))
 
 
 _LINK = re.compile(r"\]\(([^)\s]+?\.md)?(#[^)\s]+)?\)")
