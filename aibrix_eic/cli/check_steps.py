@@ -16,7 +16,7 @@ from ..config import ConfigError, EICConfig
 from ..link.sdk import load_sdk_module
 from ..util.units import format_size
 from ..writes.write_behind import SLAB_SHARE
-from .check_advice import ingestion_advice
+from .check_advice import ingestion_advice, ingestion_is_fine
 from .check_advice import what_to_fix as _advice
 from .check_report import FAIL, PASS, SKIP, WARN, StepFailed
 
@@ -121,9 +121,7 @@ class CheckSteps:
         advice = ingestion_advice(self.cfg.put_mode, batched)
         if advice:
             return WARN, f"{advice}; {batching}"
-        return PASS, (
-            f"L1 off, L1 ingestion asynchronous, or put_mode {self.cfg.put_mode} (a put returns at once); {batching}"
-        )
+        return PASS, f"{ingestion_is_fine(self.cfg.put_mode)}; {batching}"
 
     def check_sdk(self) -> tuple[str, str]:
         try:

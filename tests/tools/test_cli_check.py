@@ -542,3 +542,27 @@ def test_check_names_the_variables_that_overrode_the_file(capsys, tmp_path, monk
     code, out = run_check(capsys, "--config-only", "--config", config_file(tmp_path, eic_kv_ns="from-file"))
     assert code == 0
     assert "eic_kv_ns 'from-env'" in out and "overridden by AIBRIX_EIC_EIC_KV_NS" in out
+
+
+@pytest.mark.parametrize(
+    "put_mode, l1_enabled, inflight, said",
+    [
+        ("direct", "0", "0", "L1 is off (AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED): nothing is ingested behind it"),
+        (
+            "direct",
+            "1",
+            "65536",
+            "L1 ingestion is asynchronous (AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_MAX_INFLIGHT_TOKENS=65536)",
+        ),
+        ("write_behind", "1", "0", "L1 ingestion is synchronous, but put_mode is write_behind: a put returns at once"),
+    ],
+)
+def test_the_ingestion_step_says_which_condition_makes_it_pass(
+    capsys, monkeypatch, tmp_path, put_mode, l1_enabled, inflight, said
+):
+    monkeypatch.setenv("AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED", l1_enabled)
+    monkeypatch.setenv("AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_MAX_INFLIGHT_TOKENS", inflight)
+    code, out = run_check(capsys, "--config", config_file(tmp_path, put_mode=put_mode))
+    assert code == 0 and verdict_of(out, "ingestion") == "PASS", out
+    line = next(line for line in out.splitlines() if line.split()[1:2] == ["ingestion"])
+    assert said in line and " or " not in line.split(";")[0], line
