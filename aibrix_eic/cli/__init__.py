@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--config-only",
         action="store_true",
         help="validate the config and stop: no connection, and files the config names on its node "
-        "(eic_flag_file) are warnings when absent here, so a production config can be checked anywhere",
+        "(eic_flag_file) are warnings when absent here, so a production config can be checked anywhere "
+        "(PyYAML is all it needs; an eic:// config notes whether this host has the vendor SDK)",
     )
     check.add_argument(
         "--block-size",
@@ -96,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--json",
         action="store_true",
         help="print one JSON object instead of text: the verdict and a list of steps, each with its "
-        "config problems as records (file, line, key, problem, fix)",
+        "config problems as records (file, line, variable, key, problem, fix)",
     )
     check.add_argument("-v", "--verbose", action="store_true", help="show library logs")
 
