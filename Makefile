@@ -35,11 +35,16 @@ TYPE3_INPUTS := tests/e2e/requirements-type3.txt tests/e2e/type3/patch_vllm.sh t
 
 .PHONY: setup test lint fmt bench check clean e2e-setup e2e e2e-bench serve-bench aibrix-suites e2e-type3-setup e2e-type3
 
+# -qq: errors only (this machine's pip config warns about every package); a
+# line per stage says what the minutes go to.
 $(STAMP): pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --disable-pip-version-check -q "$(TORCH_PIN)"
-	$(PY) -m pip install --disable-pip-version-check -q -e ".[test,lint]"
-	touch $(STAMP)
+	@test -x $(PY) || { echo "setting up $(VENV): creating the venv"; python3 -m venv $(VENV); }
+	@$(PY) -c "import torch" 2>/dev/null || { echo "setting up $(VENV): installing $(TORCH_PIN) (the CPU wheel)"; \
+		$(PY) -m pip install --disable-pip-version-check -qq "$(TORCH_PIN)"; }
+	@echo "setting up $(VENV): installing aibrix-eic (editable) with its test and lint extras"
+	@$(PY) -m pip install --disable-pip-version-check -qq -e ".[test,lint]"
+	@touch $(STAMP)
+	@echo "setting up $(VENV): done"
 
 setup: $(STAMP)
 

@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--config-only",
         action="store_true",
         help="validate the config and stop: no connection, and files the config names on its node "
-        "(eic_flag_file) are warnings when absent here, so a production config can be checked anywhere",
+        "(eic_flag_file) are warnings when absent here, so a production config can be checked anywhere "
+        "(PyYAML is all it needs; an eic:// config notes whether this host has the vendor SDK)",
     )
     check.add_argument(
         "--block-size",
@@ -92,7 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SIZE",
         help="bytes of the test block (default: the config's block_nbytes, else 2MiB)",
     )
-    check.add_argument("--json", action="store_true", help="print one JSON document (a list of steps) instead of text")
+    check.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object instead of text: the verdict and a list of steps, each with its "
+        "config problems as records (file, line, variable, key, problem, fix)",
+    )
     check.add_argument("-v", "--verbose", action="store_true", help="show library logs")
 
     from ..util.units import format_size
@@ -144,27 +150,42 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = build_parser().parse_args(argv)
+    if args.command == "check":
+        return _check(args)
 
-    from ..plugin import is_installed
     from .runtime import library_logs, prepare_aibrix
 
-    routed_at_start = is_installed()
     prepare_aibrix()
     with library_logs(args.verbose):
-        if args.command == "check":
-            from .check import run_check
-
-            return run_check(
-                args.config,
-                args.block_size,
-                routed_at_start,
-                sys.stdout,
-                as_json=args.json,
-                config_only=args.config_only,
-            )
         from .bench import run_bench
 
         return run_bench(args, sys.stdout, sys.stderr)
+
+
+def _check(args: argparse.Namespace) -> int:
+    """`check`; with --config-only, nothing but the config and PyYAML is
+    imported (no torch, no aibrix_kvcache: tests/tools/test_check_light.py)."""
+    from ..config import ENV_CONFIG, config_path_from_env
+    from .runtime import library_logs, scoped_env
+
+    env = {ENV_CONFIG: args.config} if args.config else {}
+    with scoped_env(env), library_logs(args.verbose):
+        if not args.json:
+            where = config_path_from_env() or "the embedded engine (no config)"
+            print(f"aibrix-eic check: {where}", file=sys.stdout)
+        if args.config_only:
+            from .check_config import ConfigOnlyCheck
+
+            return ConfigOnlyCheck(sys.stdout, args.json).run()
+
+        from ..plugin import is_installed
+        from .runtime import prepare_aibrix
+
+        routed_at_start = is_installed()
+        prepare_aibrix()
+        from .check import run_check
+
+        return run_check(args.block_size, routed_at_start, sys.stdout, as_json=args.json)
 
 
 __all__ = ["main", "build_parser"]

@@ -75,3 +75,16 @@ def ingestion_advice(put_mode: str, batched: bool = False) -> str:
         f"{MAX_INFLIGHT_TOKENS} to at least 2x vLLM's max_num_batched_tokens (that many tokens of extra host "
         "memory) for asynchronous ingestion"
     )
+
+
+def ingestion_is_fine(put_mode: str) -> str:
+    """Which of the conditions that keep EIC out of the request holds (the
+    first, when several do): the ingestion step's PASS detail."""
+    from aibrix_kvcache import envs
+
+    if not envs.AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED:
+        return f"L1 is off ({L1_ENABLED}): nothing is ingested behind it"
+    inflight = envs.AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_MAX_INFLIGHT_TOKENS
+    if inflight > 0:
+        return f"L1 ingestion is asynchronous ({MAX_INFLIGHT_TOKENS}={inflight})"
+    return f"L1 ingestion is synchronous, but put_mode is {put_mode}: a put returns at once"

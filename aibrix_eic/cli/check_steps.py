@@ -1,8 +1,7 @@
 """The steps of `aibrix-eic check`, in the order it runs them; the namespace
-and TTL steps are in check_namespace.py and check_ttl.py. Each returns
-(verdict, detail) or raises StepFailed with what to fix."""
+and TTL steps are in check_namespace.py and check_ttl.py, the config step in
+check_config.py. Each returns (verdict, detail) or raises StepFailed with what to fix."""
 
-import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -13,12 +12,15 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..aibrix_compat import registry
-from ..config import ConfigError, EICConfig, config_path_from_env, node_problems, warn_about_env
+from ..config import ConfigError, EICConfig
 from ..link.sdk import load_sdk_module
 from ..util.units import format_size
 from ..writes.write_behind import SLAB_SHARE
-from .check_advice import ingestion_advice
+from .check_advice import ingestion_advice, ingestion_is_fine
 from .check_advice import what_to_fix as _advice
+from .check_report import FAIL, PASS, SKIP, WARN, StepFailed
+
+__all__ = ["FAIL", "PASS", "SKIP", "WARN", "CheckSteps", "StepFailed", "what_to_fix"]
 
 if TYPE_CHECKING:
     from aibrix_kvcache.memory import MemoryRegion
@@ -26,8 +28,6 @@ if TYPE_CHECKING:
 
     from ..connector import EICConnector
     from ..engine.store_api import StoreApi
-
-PASS, FAIL, WARN, SKIP = "PASS", "FAIL", "WARN", "SKIP"
 
 DEFAULT_BLOCK_NBYTES = 2 * 1024**2  # one llama3-8b block
 # How long the TTL probe waits for a real cluster to expire a 1 s key.
@@ -38,15 +38,6 @@ NEVER_EXPIRES_PROBE_S = 30 * 24 * 3600
 # block takes the default path (accepted at once, flushed later), as AIBrix's
 # blocks do in production.
 REGISTERED_BLOCKS = 2 * SLAB_SHARE
-
-
-class StepFailed(Exception):
-    """A step's finding: what went wrong and what to do about it."""
-
-    def __init__(self, detail: str, fix: str = "") -> None:
-        super().__init__(detail)
-        self.detail = detail
-        self.fix = fix
 
 
 def what_to_fix(config: EICConfig | None, message: str) -> str:
@@ -120,30 +111,6 @@ class CheckSteps:
             raise StepFailed("no SDK was loaded")
         return self.module
 
-    def check_config(self) -> tuple[str, str]:
-        """Validate the config; with config_only, what it needs from its node
-        (a flag file) is a warning, since it may be checked elsewhere."""
-        path = config_path_from_env()
-        warn_about_env()  # a warning here makes the step WARN (check.py)
-        try:
-            self.config = EICConfig.from_env(node_checks=not self.config_only)
-        except ConfigError as e:
-            if len(e.problems) == 1:  # the fix on its own line
-                raise StepFailed(
-                    f"EIC config {dataclasses.replace(e.problems[0], fix='').text(e.source)}", e.fix
-                ) from None
-            raise StepFailed(str(e), "correct each line named above") from None
-        config = self.cfg
-        source = path or "no config file: the embedded engine with default settings"
-        detail = (
-            f"{source} (remote_url {config.remote_url}, eic_kv_ns {config.eic_kv_ns!r}, eic_kv_ttl {config.eic_kv_ttl})"
-        )
-        missing = node_problems(config) if self.config_only else []
-        if missing:
-            notes = "; ".join(f"not on this host, needed where it runs: {p.text(config.source)}" for p in missing)
-            return WARN, f"{detail}; {notes}"
-        return PASS, detail
-
     def check_ingestion(self) -> tuple[str, str]:
         """AIBrix's L1 ingestion as this environment sets it: whether our
         batching of its synchronous ingestion is on, and whether synchronous
@@ -155,9 +122,7 @@ class CheckSteps:
         advice = ingestion_advice(self.cfg.put_mode, batched)
         if advice:
             return WARN, f"{advice}; {batching}"
-        return PASS, (
-            f"L1 off, L1 ingestion asynchronous, or put_mode {self.cfg.put_mode} (a put returns at once); {batching}"
-        )
+        return PASS, f"{ingestion_is_fine(self.cfg.put_mode)}; {batching}"
 
     def workaround_step(self, workaround: "registry.Workaround") -> Callable[[], tuple[str, str]]:
         """One workaround of aibrix_compat/registry.py: whether a worker with

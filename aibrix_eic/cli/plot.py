@@ -29,6 +29,7 @@ def draw(summary: dict[str, Any], path: str) -> None:
     matplotlib = require_matplotlib()
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     per_request = summary["per_request"]
     timed = [r for r in per_request if not r["warmup"]]
@@ -36,9 +37,11 @@ def draw(summary: dict[str, Any], path: str) -> None:
     model = summary["model"]["name"]
 
     figure, (throughput, latency) = plt.subplots(1, 2, figsize=(12, 4.5))
-    throughput.plot(indexes, [r["offload_gb_per_s"] for r in timed], marker="o", label=OFFLOAD_LABEL)
-    throughput.plot(indexes, [r["reload_gb_per_s"] for r in timed], marker="s", label=RELOAD_LABEL)
+    offload = throughput.plot(indexes, [r["offload_gb_per_s"] for r in timed], marker="o", label=OFFLOAD_LABEL)
+    reload = throughput.plot(indexes, [r["reload_gb_per_s"] for r in timed], marker="s", label=RELOAD_LABEL)
+    _draw_baselines(throughput, summary.get("baseline"), offload[0].get_color(), reload[0].get_color(), indexes)
     throughput.set_xlabel("request")
+    throughput.xaxis.set_major_locator(MaxNLocator(integer=True))  # requests are whole numbers
     throughput.set_ylabel("GB/s")
     throughput.set_ylim(bottom=0)
     throughput.set_title(f"Throughput per request ({model}, {summary['workload']['tokens_per_request']} tokens)")
@@ -63,3 +66,20 @@ def draw(summary: dict[str, Any], path: str) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def _draw_baselines(
+    axes: Any, baseline: dict[str, Any] | None, offload_color: str, reload_color: str, indexes: list[int]
+) -> None:
+    """The same-run baselines the verdict compares against: the MOCK floor
+    per request (dashed, in the colour of the direction), memcpy (dotted)."""
+    if baseline is None:
+        return
+    mock = baseline["mock"]["per_request"]
+    for key, color, label in (
+        ("offload_gb_per_s", offload_color, "MOCK floor offload"),
+        ("reload_gb_per_s", reload_color, "MOCK floor reload"),
+    ):
+        axes.plot([r["index"] for r in mock], [r[key] for r in mock], linestyle="--", color=color, label=label)
+    memcpy = baseline["memcpy"]["per_request"]
+    axes.plot(indexes[: len(memcpy)], memcpy, linestyle=":", color="grey", label="memcpy")

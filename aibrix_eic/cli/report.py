@@ -9,7 +9,7 @@ import numpy as np
 from ..util.units import format_size
 from .driver import OPS, RequestResult
 from .shapes import ModelShape
-from .verdict import judge, noise
+from .verdict import judge, noise, ratios
 
 GB = 1e9
 MAX_ERRORS_SHOWN = 5
@@ -38,13 +38,31 @@ def _latency(samples: Sequence[float]) -> dict[str, float | None]:
     }
 
 
-def _rates(results: Sequence[RequestResult], bytes_per_token: int) -> dict[str, list[float]]:
-    """GB/s of each timed request, per direction."""
-    timed = [r for r in results if not r.warmup]
+def _moved(result: RequestResult, bytes_per_token: int) -> dict[str, tuple[int, float]]:
+    """(bytes, seconds) of one request, per direction: offload is put +
+    flush (until the blocks are in EIC), reload is acquire."""
     return {
-        "offload": [_rate(r.offloaded_tokens * bytes_per_token, r.offload_seconds) for r in timed],
-        "reload": [_rate(r.reloaded_tokens * bytes_per_token, r.seconds.get("acquire", 0.0)) for r in timed],
+        "offload": (result.offloaded_tokens * bytes_per_token, result.offload_seconds),
+        "reload": (result.reloaded_tokens * bytes_per_token, result.seconds.get("acquire", 0.0)),
     }
+
+
+def run_rates(results: Sequence[RequestResult], bytes_per_token: int) -> dict[str, dict[str, Any]]:
+    """The one computation behind every rate the bench prints, ours and the
+    MOCK floor's alike: per direction, the timed requests' bytes over their
+    time, and each request's own rate."""
+    timed = [_moved(r, bytes_per_token) for r in results if not r.warmup]
+    rates = {}
+    for direction in ("offload", "reload"):
+        nbytes = sum(moved[direction][0] for moved in timed)
+        seconds = sum(moved[direction][1] for moved in timed)
+        rates[direction] = {
+            "bytes": nbytes,
+            "seconds": seconds,
+            "gb_per_s": _rate(nbytes, seconds),
+            "per_request": [_rate(*moved[direction]) for moved in timed],
+        }
+    return rates
 
 
 def summarize(
@@ -64,13 +82,11 @@ def summarize(
     looked_up = sum(r.looked_up_tokens for r in timed)
     reloaded = sum(r.reloaded_tokens for r in timed)
 
-    def seconds(op: str) -> float:
-        return sum(r.seconds.get(op, 0.0) for r in timed)
-
     def throughput(nbytes: int, secs: float) -> dict[str, float]:
         return {"bytes": nbytes, "seconds": secs, "gb_per_s": _rate(nbytes, secs)}
 
     errors = [error for r in timed for error in r.errors]
+    rates = run_rates(results, bytes_per_token)
     return {
         "model": shape.as_dict(),
         "workload": {
@@ -83,8 +99,8 @@ def summarize(
         },
         "backend": backend,
         "bytes_per_token": bytes_per_token,
-        "offload": throughput(offloaded * bytes_per_token, seconds("put") + seconds("flush")),
-        "reload": throughput(reloaded * bytes_per_token, seconds("acquire")),
+        "offload": {k: v for k, v in rates["offload"].items() if k != "per_request"},
+        "reload": {k: v for k, v in rates["reload"].items() if k != "per_request"},
         "send_path": throughput(offloaded * bytes_per_token, sum(r.send_seconds for r in timed)),
         "receive_path": throughput(reloaded * bytes_per_token, sum(r.receive_seconds for r in timed)),
         "latency_ms": {op: _latency([r.seconds[op] for r in timed if op in r.seconds]) for op in OPS},
@@ -102,37 +118,49 @@ def summarize(
                 "put_s": r.seconds.get("put", 0.0),
                 "flush_s": r.seconds.get("flush", 0.0),
                 "acquire_s": r.seconds.get("acquire", 0.0),
-                "offload_gb_per_s": _rate(r.offloaded_tokens * bytes_per_token, r.offload_seconds),
-                "reload_gb_per_s": _rate(r.reloaded_tokens * bytes_per_token, r.seconds.get("acquire", 0.0)),
+                "offload_gb_per_s": _rate(*_moved(r, bytes_per_token)["offload"]),
+                "reload_gb_per_s": _rate(*_moved(r, bytes_per_token)["reload"]),
             }
             for r in results
         ],
-        "noise": noise(_rates(results, bytes_per_token)),
+        "noise": noise(
+            {d: rates[d]["per_request"] for d in ("offload", "reload")},
+            {d: rates[d]["gb_per_s"] for d in ("offload", "reload")},
+        ),
         "connector_health": connector_health or {},
         "elapsed_s": elapsed_s,
     }
 
 
 def add_baselines(summary: dict[str, Any], floor: Sequence[RequestResult], memcpy_seconds: Sequence[float]) -> None:
-    """The same-run baselines and the verdict against them (verdict.py)."""
+    """The same-run baselines and the verdict against them (verdict.py),
+    every rate from run_rates, ours included, so the ratios are the printed
+    rates' quotients."""
     bytes_per_token = summary["bytes_per_token"]
     request_nbytes = summary["workload"]["bytes_per_request"]
     timed = [r for r in floor if not r.warmup]
-    mock_rates = _rates(floor, bytes_per_token)
-    memcpy_rates = [_rate(request_nbytes, s) for s in memcpy_seconds]
-    offloaded = sum(r.offloaded_tokens for r in timed) * bytes_per_token
-    reloaded = sum(r.reloaded_tokens for r in timed) * bytes_per_token
+    mock = run_rates(floor, bytes_per_token)
+    memcpy_rate = _rate(len(memcpy_seconds) * request_nbytes, sum(memcpy_seconds))
     summary["baseline"] = {
         "mock": {
-            "offload_gb_per_s": _rate(offloaded, sum(r.offload_seconds for r in timed)),
-            "reload_gb_per_s": _rate(reloaded, sum(r.seconds.get("acquire", 0.0) for r in timed)),
+            "offload_gb_per_s": mock["offload"]["gb_per_s"],
+            "reload_gb_per_s": mock["reload"]["gb_per_s"],
+            "per_request": [
+                {"index": r.index, "offload_gb_per_s": o, "reload_gb_per_s": g}
+                for r, o, g in zip(timed, mock["offload"]["per_request"], mock["reload"]["per_request"])
+            ],
             "mismatched_blocks": sum(r.mismatched_blocks for r in timed),
             "errors": [e for r in timed for e in r.errors][:MAX_ERRORS_SHOWN],
         },
-        "memcpy": {"gb_per_s": _rate(len(memcpy_seconds) * request_nbytes, sum(memcpy_seconds))},
+        "memcpy": {"gb_per_s": memcpy_rate, "per_request": [_rate(request_nbytes, s) for s in memcpy_seconds]},
     }
     ours = {d: [r[f"{d}_gb_per_s"] for r in summary["per_request"] if not r["warmup"]] for d in ("offload", "reload")}
-    summary["verdict"] = judge(ours, mock_rates, memcpy_rates)
+    summary["verdict"] = judge(
+        {d: summary[d]["gb_per_s"] for d in ("offload", "reload")},
+        {d: mock[d]["gb_per_s"] for d in ("offload", "reload")},
+        memcpy_rate,
+        {d: ratios(ours[d], mock[d]["per_request"]) for d in ("offload", "reload")},
+    )
 
 
 STORE_MODES = {
@@ -214,13 +242,17 @@ def _verdict_lines(summary: dict[str, Any]) -> list[str]:
         ]
         for direction in ("offload", "reload"):
             v = verdict[direction]
-            m, c = v["vs_mock"], v["vs_memcpy"]
+            rounds = v["rounds"]
             lines.append(
-                f"verdict   {direction} {m['median']:.2f}x of the MOCK floor: {v['grade']} "
-                f"(rounds {m['min']:.2f}-{m['max']:.2f}x; {c['median']:.2f}x memcpy)"
+                f"verdict   {direction} {summary[direction]['gb_per_s']:.2f} / {mock[f'{direction}_gb_per_s']:.2f} "
+                f"GB/s = {v['vs_mock']:.2f}x of the MOCK floor: {v['grade']} "
+                f"(rounds {rounds['min']:.2f}-{rounds['max']:.2f}x; {v['vs_memcpy']:.2f}x memcpy)"
             )
         t = verdict["thresholds"]
-        lines.append(f"          good >= {t['good']}x of the floor, fair >= {t['fair']}x, else slow (median of rounds)")
+        lines.append(
+            f"          good >= {t['good']}x of the floor, fair >= {t['fair']}x, else slow "
+            "(each rate: the run's bytes over its time)"
+        )
         if mock["mismatched_blocks"] or mock["errors"]:
             lines.append(f"          the MOCK floor went wrong too: {mock['errors'][:1] or 'mismatched blocks'}")
     note = summary["noise"]["note"]

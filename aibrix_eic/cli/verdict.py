@@ -1,6 +1,8 @@
-"""What a bench result means: our per-request rates against the same-run
-baselines (baseline.py), graded; a note when the rounds spread; and whether
-write-behind took the puts, and if not, why. Pure functions of the figures.
+"""What a bench result means: our rates against the same-run baselines
+(baseline.py), graded; a note when the rounds spread; and whether
+write-behind took the puts, and if not, why. Pure functions of the figures:
+every rate is report.py's one computation (bytes over time), so the ratio
+is the printed rates' quotient.
 """
 
 from collections.abc import Mapping, Sequence
@@ -16,7 +18,7 @@ from ..util.units import format_size
 # EIC's latency, the breaker, the host's load).
 GOOD = 0.7
 FAIR = 0.4
-# Rounds are noisy when (max - min) / median of the per-request rates is above this.
+# Rounds are noisy when (max - min) of the per-request rates over the run's rate is above this.
 NOISY = 0.5
 THRESHOLDS = {"good": GOOD, "fair": FAIR, "noisy_spread": NOISY}
 
@@ -28,15 +30,14 @@ def grade(ratio: float) -> str:
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
-    """Median, range and (max - min) / median: with a handful of rounds the
-    range says more than a percentile would."""
+    """Median and range: with a handful of rounds the range says more than
+    a percentile would."""
     ordered = sorted(values)
     if not ordered:
-        return {"median": 0.0, "min": 0.0, "max": 0.0, "relative": 0.0}
+        return {"median": 0.0, "min": 0.0, "max": 0.0}
     middle = len(ordered) // 2
     median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-    low, high = ordered[0], ordered[-1]
-    return {"median": median, "min": low, "max": high, "relative": (high - low) / median if median else 0.0}
+    return {"median": median, "min": ordered[0], "max": ordered[-1]}
 
 
 def ratios(ours: Sequence[float], baseline: Sequence[float]) -> list[float]:
@@ -45,34 +46,45 @@ def ratios(ours: Sequence[float], baseline: Sequence[float]) -> list[float]:
 
 
 def judge(
-    ours: Mapping[str, Sequence[float]], mock: Mapping[str, Sequence[float]], memcpy: Sequence[float]
+    ours: Mapping[str, float],
+    mock: Mapping[str, float],
+    memcpy: float,
+    rounds: Mapping[str, Sequence[float]],
 ) -> dict[str, Any]:
-    """Per direction ("offload", "reload"): the median per-round ratio to the
-    MOCK floor (graded) and to memcpy, with their spread."""
+    """Per direction ("offload", "reload"): our rate over the MOCK floor's
+    and over memcpy's, each the run's bytes over its time (report.py's one
+    computation, the rates the report prints), so the printed rates divide
+    to the ratio; graded. rounds: the per-round ratios, for their range."""
     verdict: dict[str, Any] = {"thresholds": THRESHOLDS}
     for direction in ("offload", "reload"):
-        vs_mock = spread(ratios(ours[direction], mock[direction]))
+        vs_mock = ours[direction] / mock[direction] if mock[direction] > 0 else 0.0
         verdict[direction] = {
             "vs_mock": vs_mock,
-            "vs_memcpy": spread(ratios(ours[direction], memcpy)),
-            "grade": grade(vs_mock["median"]),
+            "vs_memcpy": ours[direction] / memcpy if memcpy > 0 else 0.0,
+            "rounds": spread(rounds[direction]),
+            "grade": grade(vs_mock),
         }
     return verdict
 
 
-def noise(rates: Mapping[str, Sequence[float]]) -> dict[str, Any]:
-    """The spread of our per-request rates; a note when it is wide."""
-    spreads = {direction: spread(values) for direction, values in rates.items()}
+def noise(per_request: Mapping[str, Sequence[float]], run_rates: Mapping[str, float]) -> dict[str, Any]:
+    """How far our per-request rates stray from the run's rate (the one the
+    report prints); a note when (max - min) / that rate is wide."""
+    spreads = {}
+    for direction, values in per_request.items():
+        rate = run_rates[direction]
+        low, high = (min(values), max(values)) if values else (0.0, 0.0)
+        spreads[direction] = {"rate": rate, "min": low, "max": high, "relative": (high - low) / rate if rate else 0.0}
     wide = [d for d, s in spreads.items() if s["relative"] > NOISY]
     note = None
     if wide:
         ranges = "; ".join(
-            f"{d} {spreads[d]['min']:.2f}-{spreads[d]['max']:.2f} GB/s (median {spreads[d]['median']:.2f})"
+            f"{d} {spreads[d]['min']:.2f}-{spreads[d]['max']:.2f} GB/s (the run's {spreads[d]['rate']:.2f})"
             for d in wide
         )
         note = (
-            f"per-request rates spread by more than {NOISY:.0%} of their median ({ranges}): the host is busy "
-            "or noisy. The ratios to the baselines compare rounds run back to back and move less than the GB/s; "
+            f"per-request rates spread by more than {NOISY:.0%} of the run's rate ({ranges}): the host is busy "
+            "or noisy. The baselines ran back to back with each request, so the ratios move less than the GB/s; "
             "for tighter figures run more --requests on an idle host."
         )
     return {**spreads, "noisy": bool(wide), "note": note}

@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 ENV_CONFIG = "AIBRIX_KV_CACHE_OL_EIC_CONFIG"
 ENV_CONFIG_UPSTREAM = "AIBRIX_KV_CACHE_OL_EIC_CONFIG_FILE"
 DEFAULT_SOURCE = "<defaults>"
+ENV_SOURCE = "<environment>"  # no file, but AIBRIX_EIC_<KEY> variables
 SCHEMES = ("eic", "local")
 MiB = 1024**2
 _MS = Bounds(0.001, 3_600_000)  # a deadline or an age, in ms: up to an hour
@@ -54,6 +55,8 @@ class EICConfig:
 
     source: str = DEFAULT_SOURCE  # not a key: the file the values came from
     lines: Mapping[str, int] = dataclasses.field(default_factory=dict, compare=False, repr=False)  # not a key: of each
+    # not a key: the AIBRIX_EIC_<KEY> variables that overrode the file
+    overridden_by: tuple[str, ...] = dataclasses.field(default=(), compare=False)
     # Upstream keys (aibrix_kvcache/l2/connectors/eic/eic.py), same defaults.
     remote_url: str = config_key("local://", schema.string)
     eic_instance_id: str = config_key("", schema.string)
@@ -109,16 +112,19 @@ class EICConfig:
 
     # ----------------------------------------------------------- builders
     @classmethod
-    def load(cls, path: str, node_checks: bool = True) -> "EICConfig":
+    def load(cls, path: str, node_checks: bool = True, overrides: Mapping[str, str] | None = None) -> "EICConfig":
         """Read and validate the YAML file at `path`; every problem found is
         in the one ConfigError raised. node_checks=False leaves out what
         depends on this host's files (node_problems), for checking a config
-        away from where it runs."""
+        away from where it runs. overrides: raw values by key, from the
+        AIBRIX_EIC_<KEY> variables (env_overrides), which win over the file."""
         config_file = ConfigFile(path)
         problems = list(config_file.problems)
-        if "remote_url" not in config_file.values and not any(p.key == "remote_url" for p in problems):
+        overrides = overrides or {}
+        given = config_file.values.keys() | overrides.keys()
+        if "remote_url" not in given and not any(p.key == "remote_url" for p in problems):
             problems.append(Problem("remote_url", "is required", "add `remote_url: eic://HOST:PORT` (or local://)"))
-        return cls._build(config_file.values, path, config_file.lines, problems, node_checks)
+        return cls._build(config_file.values, path, config_file.lines, problems, node_checks, overrides)
 
     @classmethod
     def from_mapping(cls, data: Mapping[Any, Any], source: str = DEFAULT_SOURCE) -> "EICConfig":
@@ -127,11 +133,16 @@ class EICConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, node_checks: bool = True) -> "EICConfig":
-        """The config named by the environment, or defaults when none is."""
-        path = config_path_from_env(environ)
-        if not path:
+        """The config named by the environment (or defaults when none is),
+        with the AIBRIX_EIC_<KEY> variables set there overriding it."""
+        env = os.environ if environ is None else environ
+        path = config_path_from_env(env)
+        overrides = env_overrides(env)
+        if path:
+            return cls.load(path, node_checks, overrides)
+        if not overrides:
             return cls()
-        return cls.load(path, node_checks)
+        return cls._build({}, ENV_SOURCE, {}, [], node_checks, overrides)
 
     @classmethod
     def _build(
@@ -141,8 +152,12 @@ class EICConfig:
         lines: Mapping[str, int],
         problems: list[Problem],
         node_checks: bool,
+        overrides: Mapping[str, str] | None = None,
     ) -> "EICConfig":
         """Check every key, then the keys together; raise all problems at once."""
+        overrides = overrides or {}
+        data = {key: raw for key, raw in data.items() if key not in overrides}
+        lines = {key: line for key, line in lines.items() if key not in overrides}
         values: dict[str, Any] = {}
         for key, raw in data.items():
             if not isinstance(key, str):
@@ -156,12 +171,19 @@ class EICConfig:
                     values[key] = KEY_CHECKS[key](source, key, raw, BOUNDS.get(key))
                 except ConfigError as e:
                     problems.append(Problem(key, e.problem, e.fix or _value_fix(key), line))
-        config = cls(source=source, lines=dict(lines), **values)
+        for key, raw in overrides.items():
+            try:
+                values[key] = KEY_CHECKS[key](source, key, raw, BOUNDS.get(key))
+            except ConfigError as e:
+                problems.append(Problem(key, e.problem, _variable_fix(key), variable=env_variable(key)))
+        overridden_by = tuple(env_variable(key) for key in overrides)
+        config = cls(source=source, lines=dict(lines), overridden_by=overridden_by, **values)
         failed = {problem.key for problem in problems}
         found = config._combination_problems() + (node_problems(config) if node_checks else [])
         for problem in found:
             if problem.key not in failed and _DEPENDS_ON.get(problem.key or "") not in failed:
-                problems.append(problem)
+                variable = env_variable(problem.key) if problem.key and problem.key in overrides else None
+                problems.append(dataclasses.replace(problem, variable=variable))
         if problems:
             raise ConfigError.of(source, sorted(problems, key=lambda p: p.line or 0))
         return config
@@ -195,7 +217,7 @@ class EICConfig:
                     )
                 )
         else:
-            from ..engine.registry import parse_endpoint
+            from ..engine.endpoint import parse_endpoint
 
             try:
                 parse_endpoint(rest)
@@ -273,6 +295,22 @@ _DEPENDS_ON = {
 _FIELDS = {f.name: f for f in dataclasses.fields(EICConfig) if "check" in f.metadata}
 
 
+ENV_PREFIX = "AIBRIX_EIC_"
+
+
+def env_variable(key: str) -> str:
+    """The variable that overrides a config key: put_mode -> AIBRIX_EIC_PUT_MODE."""
+    return ENV_PREFIX + key.upper()
+
+
+def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Raw values by key of the AIBRIX_EIC_<KEY> variables that are set. Only
+    names of config keys are read: other AIBRIX_EIC_* variables (switches
+    such as AIBRIX_EIC_DISABLE_AUTOLOAD) are not config and not refused."""
+    env = os.environ if environ is None else environ
+    return {key: env[env_variable(key)] for key in KEY_CHECKS if env_variable(key) in env}
+
+
 def config_path_from_env(environ: Mapping[str, str] | None = None) -> str:
     """The config path from our variable, else the upstream one, else ""."""
     env = os.environ if environ is None else environ
@@ -307,6 +345,11 @@ def _unknown_key(key: str, line: int | None) -> Problem:
     return Problem(
         key, "unknown key", f"remove {key}; {docs_url('config.md')} lists the keys this connector reads", line
     )
+
+
+def _variable_fix(key: str) -> str:
+    expected = schema.expectation(KEY_CHECKS[key], BOUNDS.get(key))
+    return f"set {env_variable(key)} to {expected}, or unset it to use the file's value or the default"
 
 
 def _value_fix(key: str) -> str:

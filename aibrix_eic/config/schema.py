@@ -25,8 +25,13 @@ class Problem:
     problem: str
     fix: str = ""
     line: int | None = None
+    variable: str | None = None  # the AIBRIX_EIC_<KEY> variable the value came from, not the file
 
     def text(self, source: str) -> str:
+        if self.variable:
+            return f"{self.variable} (overrides {self.key}): {self.problem}" + (
+                f" (fix: {self.fix})" if self.fix else ""
+            )
         where = f"{source}:{self.line}" if self.line else source
         what = f"{self.key}: {self.problem}" if self.key else self.problem
         return f"{where}: {what}" + (f" (fix: {self.fix})" if self.fix else "")

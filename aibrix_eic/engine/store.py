@@ -58,7 +58,6 @@ class StoreStats:
     prefaulted: int = 0  # allocations carved from ready pages (prefault=)
 
 
-MEXIST_MISS_READINGS = ("success", "failed")
 # The largest value a store takes unless `max_value=` says otherwise. Large enough for what public EIC callers write as one value (an
 # LMCache chunk of an 8B model is 32 MiB, the bytedance-iaas model loader's
 # values reach 20 MiB), small enough to catch a runaway size; `max_value=4MiB`

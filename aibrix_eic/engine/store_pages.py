@@ -36,7 +36,7 @@ from typing import Protocol
 import numpy as np
 
 from ..util.rate_limited_log import RateLimitedLogger
-from ..util.units import exact_size_text, parse_size
+from .endpoint import parse_prefault
 
 log = RateLimitedLogger(logging.getLogger(__name__), interval_s=60.0)
 
@@ -45,7 +45,6 @@ PAGE = mmap.PAGESIZE
 # waste up to a sixteenth of each (and malloc reuses its own pages for them).
 MIN_POOLED = 64 * 1024
 CHUNK_BYTES = 64 * 1024**2
-MAX_PREFAULT = 1024**5  # 1 PiB, as the capacity's bound
 # The default prefault of stores made without prefault= (a size or off):
 # one setting for every process of a deployment or a test run.
 PREFAULT_ENV = "AIBRIX_EIC_ENGINE_PREFAULT"
@@ -54,16 +53,6 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 _NICEST = 19
 _IDLE_WAKE_S = 1.0  # how often an idle refiller checks that its store still exists
 _RETRY_AFTER_FAILURE_S = 10.0
-
-
-def parse_prefault(text: str) -> int:
-    """Bytes from `prefault=`'s value: a size, or off (0)."""
-    if text.strip().lower() == "off":
-        return 0
-    nbytes = parse_size(text)
-    if nbytes > MAX_PREFAULT:
-        raise ValueError(f"expected at most {exact_size_text(MAX_PREFAULT)}, got {text!r}")
-    return nbytes
 
 
 def default_prefault(fallback: int) -> int:

@@ -19,8 +19,7 @@ from urllib.parse import parse_qsl
 
 from ..config import ConfigError, EICConfig
 from ..observability.metrics import StoreUsage
-
-SDK_WHEEL_URL = "https://eic-sdk-release.tos-cn-beijing.volces.com/python/eic-1.5.2-py3-none-any.whl"
+from ..util.vendor_sdk import SDK_MODULE, SDK_WHEEL_URL
 
 
 class Outcome(enum.IntEnum):
@@ -63,7 +62,7 @@ def load_sdk_module(config: EICConfig) -> ModuleType:
 
         return engine
     try:
-        return importlib.import_module("eic")
+        return importlib.import_module(SDK_MODULE)
     except ImportError as e:
         raise ConfigError(
             config.source,

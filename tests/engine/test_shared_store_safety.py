@@ -473,6 +473,7 @@ OPEN_AS_NOBODY = """
     import os, sys
     import aibrix_eic.engine as eic
     import aibrix_eic.engine.shared_store  # imported while root: the interpreter may live in /root
+    eic.get_store  # the engine's names load on first use (engine/__init__.py): while root too
     from aibrix_eic.engine.errors import StoreUnavailable
     os.setgid(65534)
     os.setuid(65534)

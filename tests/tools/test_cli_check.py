@@ -493,3 +493,101 @@ def test_each_workaround_has_a_line_saying_its_state_and_why(capsys, monkeypatch
     assert verdict_of(out, "patch-flush") == "WARN" and "installed" in lines["patch-flush"]
     for line in lines.values():
         assert "fixes: " in line and "/docs/aibrix-upstream-reports.md#" in line
+
+
+def test_config_only_prints_each_problem_once_and_the_verdict_counts_them(capsys, tmp_path):
+    path = tmp_path / "eic.yaml"
+    path.write_text("remote_url: local://\neic_thread_num: six\nput_mode: fast\n")
+    code, out = run_check(capsys, "--config-only", "--config", str(path))
+    assert code == 1
+    assert out.count("eic_thread_num: expected an integer") == 1 and out.count("put_mode: expected one of") == 1, out
+    assert "verdict: FAIL at config: 2 problems, listed above" in out
+
+
+def test_config_only_json_gives_each_problem_as_a_record(capsys, tmp_path, monkeypatch):
+    path = tmp_path / "eic.yaml"
+    path.write_text("remote_url: local://\neic_thread_num: six\nput_mode: fast\n")
+    monkeypatch.setenv("AIBRIX_EIC_FAIL_OPEN", "maybe")
+    code, out = run_check(capsys, "--config-only", "--json", "--config", str(path))
+    assert code == 1
+    (step,) = json.loads(out)["steps"]
+    assert step["problems"] == [
+        {
+            "file": None,
+            "line": None,
+            "variable": "AIBRIX_EIC_FAIL_OPEN",
+            "key": "fail_open",
+            "problem": "expected true or false, got str 'maybe'",
+            "fix": "set AIBRIX_EIC_FAIL_OPEN to true or false, or unset it to use the file's value or the default",
+        },
+        {
+            "file": str(path),
+            "line": 2,
+            "variable": None,
+            "key": "eic_thread_num",
+            "problem": "expected an integer, got str 'six'",
+            "fix": "write an integer from 1 to 1024, or remove the line to get the default, 6",
+        },
+        {
+            "file": str(path),
+            "line": 3,
+            "variable": None,
+            "key": "put_mode",
+            "problem": "expected one of write_behind, coalesce, direct, got str 'fast'",
+            "fix": "write one of write_behind, coalesce, direct, or remove the line to get the default, write_behind",
+        },
+    ]
+    assert "six" not in step["detail"] and "3 problem(s)" in step["detail"]  # each problem once in the document
+
+
+def test_config_only_json_records_what_the_node_needs_as_warnings(capsys):
+    path = os.path.join(REPO, "deploy", "kustomize", "overlays", "cluster", "eic.yaml")
+    code, out = run_check(capsys, "--config-only", "--json", "--config", path)
+    assert code == 0
+    (step,) = json.loads(out)["steps"]
+    assert step["verdict"] == "WARN"
+    assert [(record["key"], record["file"]) for record in step["problems"]] == [("eic_flag_file", path)]
+
+
+@pytest.mark.parametrize("sdk_here", [False, True])
+def test_config_only_notes_that_an_eic_node_needs_the_vendor_sdk(capsys, tmp_path, monkeypatch, sdk_here):
+    if sdk_here:  # a module named eic that `import eic` would find
+        (tmp_path / "eic.py").write_text("")
+        monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "eic", raising=False)
+    path = config_file(tmp_path, remote_url="eic://10.0.0.1:12500", eic_instance_id="uuid")
+    code, out = run_check(capsys, "--config-only", "--config", path)
+    assert code == 0 and verdict_of(out, "config") == "PASS", out
+    note = "this host has no vendor EIC SDK (`import eic` fails); the node that runs this config needs it"
+    assert (note in out) == (not sdk_here), out
+
+
+def test_check_names_the_variables_that_overrode_the_file(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("AIBRIX_EIC_EIC_KV_NS", "from-env")
+    code, out = run_check(capsys, "--config-only", "--config", config_file(tmp_path, eic_kv_ns="from-file"))
+    assert code == 0
+    assert "eic_kv_ns 'from-env'" in out and "overridden by AIBRIX_EIC_EIC_KV_NS" in out
+
+
+@pytest.mark.parametrize(
+    "put_mode, l1_enabled, inflight, said",
+    [
+        ("direct", "0", "0", "L1 is off (AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED): nothing is ingested behind it"),
+        (
+            "direct",
+            "1",
+            "65536",
+            "L1 ingestion is asynchronous (AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_MAX_INFLIGHT_TOKENS=65536)",
+        ),
+        ("write_behind", "1", "0", "L1 ingestion is synchronous, but put_mode is write_behind: a put returns at once"),
+    ],
+)
+def test_the_ingestion_step_says_which_condition_makes_it_pass(
+    capsys, monkeypatch, tmp_path, put_mode, l1_enabled, inflight, said
+):
+    monkeypatch.setenv("AIBRIX_KV_CACHE_OL_L1_CACHE_ENABLED", l1_enabled)
+    monkeypatch.setenv("AIBRIX_KV_CACHE_OL_L2_CACHE_INGESTION_MAX_INFLIGHT_TOKENS", inflight)
+    code, out = run_check(capsys, "--config", config_file(tmp_path, put_mode=put_mode))
+    assert code == 0 and verdict_of(out, "ingestion") == "PASS", out
+    line = next(line for line in out.splitlines() if line.split()[1:2] == ["ingestion"])
+    assert said in line and " or " not in line.split(";")[0], line

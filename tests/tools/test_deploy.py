@@ -15,6 +15,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+from markdown_anchors import anchors_of
 
 from aibrix_eic.config import ENV_CONFIG, EICConfig
 
@@ -650,10 +651,39 @@ def test_prometheus_rule_alerts_on_the_breaker_the_hit_rate_and_timeouts():
             assert re.fullmatch(r"\d+[smh]", entry["for"]), entry["for"]
             assert entry["labels"]["severity"] in ("critical", "warning")
             assert entry["annotations"]["summary"] and entry["annotations"]["description"]
+            assert entry["annotations"]["runbook_url"]
             alerts[entry["alert"]] = check_promql(entry["alert"], entry["expr"])
     assert "aibrix_eic_breaker_open" in alerts["AIBrixEICBreakerOpen"]
     assert "aibrix_eic_blocks_total" in alerts["AIBrixEICHitRateCollapse"]
     assert "aibrix_eic_requests_total" in alerts["AIBrixEICTimeoutsRising"]
+
+
+def _alerts(groups: list) -> dict[str, dict]:
+    return {entry["alert"]: entry for group in groups for entry in group["rules"]}
+
+
+def test_every_alert_has_a_runbook_url_naming_a_section_that_exists():
+    rule = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())
+    alerts = _alerts(rule["spec"]["groups"])
+    assert len(alerts) >= 4
+    for name, entry in alerts.items():
+        page, _, anchor = entry["annotations"]["runbook_url"].partition("#")
+        assert (REPO / page).is_file(), f"{name}: no {page}"
+        assert anchor in anchors_of((REPO / page).read_text()), f"{name}: no section #{anchor} in {page}"
+
+
+def test_rules_yml_is_the_prometheus_rules_groups_as_generated():
+    """rules.yml, for a Prometheus without the Operator, holds exactly the
+    PrometheusRule's groups (scripts/prometheus_rules.py writes it)."""
+    rule = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())
+    plain = yaml.safe_load((MONITORING / "rules.yml").read_text())
+    assert plain == {"groups": rule["spec"]["groups"]}
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "prometheus_rules.py"), "--check"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    for name, entry in _alerts(plain["groups"]).items():
+        check_promql(name, entry["expr"])  # the plain file passes the same PromQL checks
 
 
 def test_the_rule_check_catches_a_misspelt_series():

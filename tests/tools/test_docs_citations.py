@@ -17,6 +17,7 @@ import re
 import sys
 
 import pytest
+from markdown_anchors import anchors_of, slug
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = sorted(
@@ -345,29 +346,11 @@ def test_every_cited_test_exists(page):
 # ------------------------------------------------------------------ links
 
 
-def _slug(heading: str) -> str:
-    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
-    text = heading.strip().lower()
-    text = re.sub(r"[^\w\- ]", "", text)
-    return text.replace(" ", "-")
+_slug = slug
 
 
 def anchors(path: str) -> set[str]:
-    found: set[str] = set()
-    counts: dict[str, int] = {}
-    in_fence = False
-    for line in _read(path).splitlines():
-        if line.startswith("```"):
-            in_fence = not in_fence
-        if in_fence:
-            continue
-        match = re.match(r"^#{1,6} (.+)$", line)
-        if match:
-            slug = _slug(match.group(1))
-            n = counts.get(slug, 0)
-            counts[slug] = n + 1
-            found.add(slug if n == 0 else f"{slug}-{n}")
-    return found
+    return anchors_of(_read(path))
 
 
 _LINK = re.compile(r"\]\(([^)\s]+?\.md)?(#[^)\s]+)?\)")
@@ -403,7 +386,7 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
     assert sys.modules["aibrix_eic"] is not None
 
 
-# ------------------------------------------------- messages point online
+# ------------------------------------------- messages point to installed pages
 
 
 def _message_strings(path: str) -> list[tuple[int, str]]:
@@ -427,8 +410,8 @@ def _package_files() -> list[str]:
 
 
 def test_no_message_sends_a_user_to_a_docs_file():
-    """The wheel has no docs/: a message names the documentation's URL
-    (docs_url) instead of a file of the source tree."""
+    """A message names a page through docs_url (its path where this install
+    keeps the docs), not as docs/PAGE.md of a source tree the user may not have."""
     offending = [
         f"{path}:{line}: {text[:80]!r}"
         for path in _package_files()
@@ -455,12 +438,25 @@ def test_every_docs_url_names_a_page_and_a_heading_that_exist():
             )
 
 
-def test_the_package_metadata_has_the_documentation_url_messages_use():
+def test_a_docs_reference_is_a_page_on_this_host_never_a_placeholder():
+    """docs_url names the installed page (the wheel's aibrix_eic/docs, or a
+    checkout's docs/), whose anchor exists; the wheel carries docs/, and
+    the package's metadata names no documentation site that does not exist."""
     import tomllib
 
-    from aibrix_eic.util.docs import DOCS_URL, docs_url
+    from aibrix_eic.util.docs import docs_url
 
+    reference = docs_url("config.md", "model-identity")
+    page, _, anchor = reference.partition("#")
+    assert os.path.isabs(page) and os.path.isfile(page), reference
+    assert anchor in anchors(os.path.relpath(page, ROOT)), reference
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-        urls = tomllib.load(f)["project"]["urls"]
-    assert urls["Documentation"] == DOCS_URL
-    assert docs_url("config.md", "model-identity") == f"{DOCS_URL}/config.md#model-identity"
+        project = tomllib.load(f)
+    assert project["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]["docs"] == "aibrix_eic/docs"
+    assert "Documentation" not in project["project"]["urls"]
+    placeholders = [
+        path
+        for path in [*_code_files(), "pyproject.toml", "README.md"]
+        if "github.com/aibrix-eic/aibrix-eic" in _read(path)
+    ]
+    assert not placeholders, f"placeholder URL in {placeholders}"

@@ -361,7 +361,7 @@ def docs_row(key: str) -> str | None:
     return next((line for line in docs.splitlines() if line.startswith(f"| `{key}` |")), None)
 
 
-KEYS = [field for field in dataclasses.fields(EICConfig) if field.name not in ("source", "lines")]
+KEYS = [field for field in dataclasses.fields(EICConfig) if field.name not in ("source", "lines", "overridden_by")]
 
 
 @pytest.mark.parametrize("field", KEYS, ids=lambda field: field.name)
