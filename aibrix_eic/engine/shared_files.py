@@ -21,7 +21,9 @@ from urllib.parse import quote
 from .errors import StoreUnavailable
 
 DEFAULT_MODE = 0o700
-FORMAT_VERSION = 1
+# 2: each value's meta holds an xxh3_64 of all its bytes. Format 1 (a CRC-32
+# of 8 bytes a page) is refused whole at open, never read value by value.
+FORMAT_VERSION = 2
 _MAGIC = b"AIBXEIC\0"
 HEADER = struct.Struct("<8sIIQ")  # magic, format version, reserved, map size
 HEADER_FILE, LOCK_FILE, DATA_FILE = "format", "store.lock", "data.mdb"
@@ -200,11 +202,14 @@ def existing_file(path: str, mode: int) -> bool:
 
 
 def damaged(path: str, cause: str) -> StoreUnavailable:
+    store = os.path.dirname(path)
+    # Removing it while processes still map it would pull it from under them:
+    # new processes move to another store at once, the old one goes later.
     return _refuse(
         path,
         f"damaged store: {cause}",
-        f"remove the directory {os.path.dirname(path)} (it holds only cached KV, which is recomputed) "
-        "once no process uses it",
+        f"point new processes at another store (another NAME or dir=) now, and remove the directory {store} "
+        f"once `fuser -v {store}/data.mdb` lists no process (it holds only cached KV, which is recomputed)",
     )
 
 
@@ -268,9 +273,13 @@ def read_or_create_header(path: str, map_size: int, mode: int) -> int:
     if magic != _MAGIC:
         raise damaged(path, "the header is not an aibrix-eic store header")
     if version != FORMAT_VERSION:
+        store = os.path.dirname(path)
         raise _refuse(
             path,
-            f"store format {version}, this aibrix-eic reads format {FORMAT_VERSION}",
-            f"use one aibrix-eic version for every process sharing it, or remove {os.path.dirname(path)}",
+            f"store format {version} (written by {'an older' if version < FORMAT_VERSION else 'a newer'} "
+            f"aibrix-eic), this aibrix-eic reads format {FORMAT_VERSION}",
+            "use one aibrix-eic version for every process sharing it: give this version another store "
+            f"(another NAME or dir=) now, and remove {store} once `fuser -v {store}/data.mdb` lists no process "
+            "(it holds only cached KV)",
         )
     return int(recorded)

@@ -16,16 +16,16 @@ How it is opened (docs/engine.md, "Shared mode", says why):
   space it may write is reserved (fallocate), so a full filesystem fails
   the write (OUT_OF_CAPACITY) instead of raising SIGBUS on a hole;
 - after checking, before LMDB opens it, that the file holds every page its
-  last commit names; and each value carries a sampled checksum, so a
-  truncated or torn store is refused, and a damaged value is a miss, never
-  served.
+  last commit names, so a truncated store is refused; and each value carries
+  an xxh3_64 of its stored bytes, checked whole before a get copies it, so a
+  damaged value (a flipped byte, a torn sector) is a miss, never served.
 
 What LMDB lacks is added here, inside the same write transactions, so it is
 as atomic as the data: a byte budget with least-recently-used eviction, TTL,
 and namespaces. Five named databases hold it:
 
     values  db key -> value bytes
-    meta    db key -> (seq, expires_at, nbytes, checksum) [+ ns/key text for digest keys]
+    meta    db key -> (seq, expires_at, nbytes, xxh3_64) [+ ns/key text for digest keys]
     order   seq -> db key, oldest first: the eviction order
     expiry  (expires_at, seq) -> db key, soonest first
     info    capacity, live bytes, the last seq
@@ -83,8 +83,8 @@ from .shared_records import (
     db_key_of,
     names_of,
     raw_key,
-    sampled_checksum,
     source_bytes,
+    value_checksum,
 )
 from .store import DEFAULT_MAX_VALUE_BYTES, StoreStats
 
@@ -147,8 +147,8 @@ class SharedStore:
         self.clock = clock
         self.faults = Faults()
         self.mexist_miss = "success"  # like the fault knobs, this process's reading only
-        self.stats = StoreStats()
-        self.damaged_values = 0  # values whose checksum failed, read as misses
+        self.stats = StoreStats()  # stats.damaged: values whose checksum failed, read as misses
+        self._damage_reported = False
         self._initial_capacity = capacity
         self._hits: dict[bytes, None] = {}
         self._hits_lock = threading.Lock()
@@ -400,7 +400,7 @@ class SharedStore:
         self, env: Any, hits: dict[bytes, None], work: Callable[[Writer], None], nbytes: int, nkeys: int
     ) -> None:
         with self._lock.write(lambda: env.info()["last_txnid"] + 1) as commit:
-            txn = env.begin(write=True)
+            txn = env.begin(write=True, buffers=True)  # buffers: put_many hashes the stored bytes in place
             try:
                 self._reserve(txn, nbytes, nkeys + len(hits))
                 writer = Writer(txn, self)
@@ -504,9 +504,11 @@ class SharedStore:
                 writer.make_room(nbytes)
                 value = source_bytes(addr, nbytes, bool(on_device and on_device[i]))
                 writer.txn.put(db_key, value, db=values)
+                # Hashed as stored (read back in this transaction), not the caller's buffer.
+                checksum = value_checksum(writer.txn.get(db_key, db=values))
                 expires_at = self.clock() + ttl_second if ttl_second > 0 else math.inf
                 names = b"" if db_key is raw else raw  # keys() reads digest keys' names here
-                writer.publish(db_key, nbytes, expires_at, sampled_checksum(value), names)
+                writer.publish(db_key, nbytes, expires_at, checksum, names)
                 self.stats.bytes_in += nbytes
 
         try:
@@ -531,15 +533,19 @@ class SharedStore:
         return removed
 
     # ---------------------------------------------------------------- reads
-    def _damaged(self, key: str, nbytes: int) -> None:
-        self.damaged_values += 1
-        if self.damaged_values == 1:  # once per process: the store, not the key, is the news
+    def _damaged(self, nbytes: int) -> None:
+        self.stats.damaged += 1
+        if not self._damage_reported:  # once per store: the store, not the key, is the news
+            self._damage_reported = True
             log.warning(
-                "shared store %s: a stored value (%d bytes) failed its checksum and is read as a miss; "
-                "the store's file was damaged (truncated, or not written back before a host crash): "
-                "remove %s once no process uses it",
+                "shared store %s: a stored value (%d bytes) failed its checksum and is read as a miss "
+                "(stats.damaged counts them); something wrote into the store's memory or file (a stray "
+                "write of a process that maps it, a bit flip, a page not written back before a host crash). "
+                "Damaged values are never served; if it recurs, give new processes another store "
+                "(another NAME or dir=) and remove %s once `fuser -v %s/data.mdb` lists no process",
                 self.path,
                 nbytes,
+                self.path,
                 self.path,
             )
 
@@ -579,8 +585,9 @@ class SharedStore:
                 value = txn.get(db_key, db=values_db)
                 if value is None:  # never within one snapshot: meta and value are written together
                     continue
-                if len(value) != nbytes or sampled_checksum(value) != checksum:
-                    self._damaged(key, nbytes)
+                # Checked before the destination is touched: a damaged value never reaches it.
+                if len(value) != nbytes or value_checksum(value) != checksum:
+                    self._damaged(nbytes)
                     continue
                 if on_device and on_device[i]:
                     device.copy_to_device(addr, np.frombuffer(value, dtype=np.uint8))

@@ -53,6 +53,7 @@ class StoreStats:
     bytes_in: int = 0
     bytes_out: int = 0
     allocations: int = 0
+    damaged: int = 0  # shared store: stored values that failed their checksum, read as misses
 
 
 MEXIST_MISS_READINGS = ("success", "failed")

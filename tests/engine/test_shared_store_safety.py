@@ -322,10 +322,10 @@ def test_a_store_that_is_not_lmdb_is_refused_naming_the_fix(shared_dir):
 
 @settings(max_examples=200, deadline=None)
 @given(nbytes=st.integers(1, 300_000), page=st.integers(0, 80), seed=st.integers(0, 2**32 - 1))
-def test_the_sampled_checksum_sees_any_lmdb_page_of_a_value_zeroed(nbytes, page, seed):
+def test_the_checksum_sees_any_lmdb_page_of_a_value_zeroed(nbytes, page, seed):
     """LMDB stores a large value from byte 16 of its first overflow page
     on, so its page k holds value bytes [4096 k - 16, 4096 (k + 1) - 16)."""
-    from aibrix_eic.engine.shared_records import sampled_checksum  # imported here: older trees lack it
+    from aibrix_eic.engine.shared_records import value_checksum  # imported here: older trees lack it
 
     value = np.random.default_rng(seed).integers(1, 256, nbytes, dtype=np.uint8)  # no zero byte
     start = max(page * 4096 - 16, 0)
@@ -333,7 +333,7 @@ def test_the_sampled_checksum_sees_any_lmdb_page_of_a_value_zeroed(nbytes, page,
         return
     damaged = value.copy()
     damaged[start : page * 4096 + 4096 - 16] = 0
-    assert sampled_checksum(damaged) != sampled_checksum(value)
+    assert value_checksum(damaged) != value_checksum(value)
 
 
 # ------------------------------------------------------------ namespaces
