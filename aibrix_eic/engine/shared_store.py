@@ -55,7 +55,7 @@ import numpy as np
 from ..util.docs import docs_url
 from . import device
 from .enums import StatusCode
-from .errors import StoreUnavailable
+from .errors import StoreFull, StoreUnavailable
 from .faults import Faults
 from .shared_files import (
     DATA_FILE,
@@ -70,6 +70,7 @@ from .shared_files import (
     from_os_error,
     open_file,
     read_or_create_header,
+    replace_store_fix,
     store_entry,
     store_path,
 )
@@ -105,9 +106,17 @@ _MAP_SLACK = 64 << 20
 _MIN_MAP = 64 << 30
 DEFAULT_CAPACITY = 4 * 1024**3
 _FULL = (errno.ENOSPC, errno.EDQUOT)
-# Reserved beyond what a write's values and the trees' pages need: LMDB's
-# free list and the new pages of a deeper tree.
+# Reserved beyond what a write's values and the trees' pages need: the new
+# pages of a deeper tree, LMDB's meta and free-list bookkeeping.
 _RESERVE_SLACK = 4 << 20
+# LMDB's free list: a transaction that frees many pages (a smaller capacity=
+# evicting GiBs, a burst of expiries) records 8 bytes per freed page and
+# copies the free list's own pages, each at most every page in use: 24
+# bytes per page in use bounds both (half-full tree pages), 0.6 % of the file.
+_FREE_LIST_PER_PAGE = 24
+# What the transaction that creates a store writes (its meta pages and
+# the named databases' records): allocated before LMDB first writes.
+_CREATE_RESERVE = 256 << 10
 _DBS = ("values", "meta", "order", "expiry", "info")
 
 
@@ -118,12 +127,6 @@ def map_size_for(capacity: int) -> int:
 
 def usable_capacity(map_size: int) -> int:
     return (map_size - _MAP_SLACK) // 2
-
-
-class StoreFull(StoreUnavailable):
-    """A write the store has no room for: its filesystem is full, or its map
-    is full of pages older snapshots still hold. put_many turns it into
-    OUT_OF_CAPACITY; the store serves on."""
 
 
 class SharedStore:
@@ -189,6 +192,9 @@ class SharedStore:
         self._pid = os.getpid()
 
     def _open_env(self, data: str, mode: int) -> Any:
+        self._reserved = 0  # data.mdb is allocated up to here (it never shrinks)
+        self._can_reserve = True
+        new = os.fstat(self._data_fd).st_size == 0
         try:
             env = lmdb.open(
                 self.path,
@@ -202,11 +208,15 @@ class SharedStore:
                 mode=file_mode(mode),
             )
         except lmdb.Error as e:
+            if os.strerror(errno.ENOSPC) in str(e) or os.strerror(errno.EDQUOT) in str(e):
+                if new:  # no half-written meta page left for the next opener to call damaged
+                    os.ftruncate(self._data_fd, 0)  # safe: openers wait for the writer mutex this one holds
+                raise self._full(f"no space left on its filesystem for a new store ({e})") from e
             raise damaged(data, f"LMDB cannot open it ({e})") from e
         self._page_size = env.stat()["psize"]
-        self._reserved = 0  # data.mdb is allocated up to here (it never shrinks)
-        self._can_reserve = True
         try:
+            if new:  # LMDB wrote its meta pages; the creating transaction writes through the map
+                self._reserve_to(0, _CREATE_RESERVE)
             with self._lock.write(lambda: env.info()["last_txnid"] + 1, mutex_held=True) as commit:
                 txn = env.begin(write=True)
                 try:
@@ -239,27 +249,29 @@ class SharedStore:
 
     def _reserve(self, txn: Any, nbytes: int, nkeys: int) -> None:
         """Allocate the file space this write transaction may write: every
-        page of the trees it may copy, its values and their new tree pages.
+        page of the trees it may copy, its values and their new tree pages,
+        and the free list of every page it may free.
         LMDB writes new pages only past the last committed one, through the
         map, where a page the filesystem has no room for is a SIGBUS."""
         if not self._can_reserve:
             return
         tree_pages = sum(stat["branch_pages"] + stat["leaf_pages"] for stat in self._tree_stats(txn))
         page = self._page_size
-        start = (self._env.info()["last_pgno"] + 1) * page
-        end = min(start + nbytes + (tree_pages + 4 * nkeys) * page + _RESERVE_SLACK, self.map_size)
-        if end <= self._reserved:
+        in_use = self._env.info()["last_pgno"] + 1
+        bookkeeping = (tree_pages + 4 * nkeys) * page + in_use * _FREE_LIST_PER_PAGE + _RESERVE_SLACK
+        self._reserve_to(in_use * page, min(in_use * page + nbytes + bookkeeping, self.map_size))
+
+    def _reserve_to(self, start: int, end: int) -> None:
+        """Allocate data.mdb's bytes [start, end) not allocated yet; raises
+        StoreFull when its filesystem has no room for them."""
+        if end <= self._reserved or not self._can_reserve:
             return
         begin = max(start, self._reserved)
         try:
             os.posix_fallocate(self._data_fd, begin, end - begin)
         except OSError as e:
             if e.errno in _FULL:
-                raise StoreFull(
-                    self.path,
-                    f"no space left on its filesystem for {end - begin} more bytes",
-                    f"free space there, or set capacity= to what the filesystem holds ({docs_url('operations.md', 'the-engines-shared-store')})",
-                ) from e
+                raise self._full(f"no space left on its filesystem for {end - begin} more bytes") from e
             if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                 raise from_os_error(self.path, e) from e
             self._can_reserve = False
@@ -271,6 +283,13 @@ class SharedStore:
             )
             return
         self._reserved = end
+
+    def _full(self, cause: str) -> "StoreFull":
+        return StoreFull(
+            self.path,
+            cause,
+            f"free space there, or set capacity= to what the filesystem holds ({docs_url('operations.md', 'the-engines-shared-store')})",
+        )
 
     def _tree_stats(self, txn: Any) -> list[dict[str, int]]:
         return [txn.stat(db) for db in self._dbs.values()] + [self._env.stat()]
@@ -393,7 +412,7 @@ class SharedStore:
         return StoreUnavailable(
             self.path,
             f"LMDB failed: {e}",
-            f"if it persists, remove {self.path} once no process uses it (it holds only cached KV)",
+            f"if it persists, {replace_store_fix(self.path)}",
         )
 
     def _write_once(
@@ -459,15 +478,20 @@ class SharedStore:
         return None if expires_at <= self.clock() else nbytes
 
     # --------------------------------------------------------------- writes
-    def clear(self) -> None:
-        """Drop every value (the capacity stays)."""
+    def clear(self) -> StatusCode:
+        """Drop every value (the capacity stays); OUT_OF_CAPACITY when the
+        filesystem has no room for the transaction."""
 
         def drop(writer: Writer) -> None:
             for db in ("values", "meta", "order", "expiry"):
                 writer.txn.drop(self._dbs[db], delete=False)
             writer.live = 0
 
-        self._write(drop)
+        try:
+            self._write(drop)
+        except StoreFull:
+            return StatusCode.OUT_OF_CAPACITY
+        return StatusCode.SUCCESS
 
     def set_capacity(self, capacity: int) -> None:
         capacity = self._capacity_within(capacity)
@@ -520,17 +544,23 @@ class SharedStore:
         self.stats.puts += len(keys)
         return codes
 
-    def delete_many(self, ns: str, keys: Sequence[str]) -> list[bool]:
-        """Remove each key; True where an unexpired value was there to remove."""
-        removed = [False] * len(keys)
+    def delete_many(self, ns: str, keys: Sequence[str]) -> list[StatusCode]:
+        """Remove each key: SUCCESS where an unexpired value was there to
+        remove, KEY_NOT_EXIST where none was, OUT_OF_CAPACITY for every key
+        when the filesystem has no room for the transaction (nothing removed)."""
+        codes = [StatusCode.KEY_NOT_EXIST] * len(keys)
 
         def delete(writer: Writer) -> None:
             for i, key in enumerate(keys):
-                removed[i] = writer.remove(db_key_of(raw_key(ns, key))) > 0
+                if writer.remove(db_key_of(raw_key(ns, key))) > 0:
+                    codes[i] = StatusCode.SUCCESS
 
-        self._write(delete)
+        try:
+            self._write(delete)
+        except StoreFull:
+            codes = [StatusCode.OUT_OF_CAPACITY] * len(keys)
         self.stats.deletes += len(keys)
-        return removed
+        return codes
 
     # ---------------------------------------------------------------- reads
     def _damaged(self, nbytes: int) -> None:
@@ -541,12 +571,10 @@ class SharedStore:
                 "shared store %s: a stored value (%d bytes) failed its checksum and is read as a miss "
                 "(stats.damaged counts them); something wrote into the store's memory or file (a stray "
                 "write of a process that maps it, a bit flip, a page not written back before a host crash). "
-                "Damaged values are never served; if it recurs, give new processes another store "
-                "(another NAME or dir=) and remove %s once `fuser -v %s/data.mdb` lists no process",
+                "Damaged values are never served; if it recurs, %s",
                 self.path,
                 nbytes,
-                self.path,
-                self.path,
+                replace_store_fix(self.path),
             )
 
     def get_many(

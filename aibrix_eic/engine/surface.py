@@ -365,10 +365,7 @@ class Client:
         store = self._begin_call(keys, option.ns)
         if isinstance(store, tuple):
             return store
-        codes = [
-            StatusCode.SUCCESS if removed else StatusCode.KEY_NOT_EXIST
-            for removed in store.delete_many(option.ns, keys)
-        ]
+        codes = store.delete_many(option.ns, keys)
         return overall_status(codes), Outcome(codes)
 
     # ---------------------------------------------------- beyond the SDK

@@ -14,7 +14,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from engine_processes import MiB, child, client, mget, mset
+from engine_processes import MiB, child, client, mget, mset, small_tmpfs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -149,18 +149,8 @@ def test_a_map_another_process_grew_is_adopted(shared_dir, monkeypatch):
 @pytest.fixture
 def small_fs(tmp_path):
     """A 24 MiB tmpfs, as a container's small /dev/shm."""
-    root_only()
-    mount = tmp_path / "small"
-    mount.mkdir(mode=0o700)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=24m,mode=0700", "tmpfs", str(mount)], capture_output=True, text=True
-    )
-    if mounted.returncode:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield str(mount)
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+    with small_tmpfs(str(tmp_path / "small"), "24m") as mount:
+        yield mount
 
 
 FILL = """

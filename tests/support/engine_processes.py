@@ -2,12 +2,14 @@
 fresh interpreter running a snippet on this checkout, and SDK-shaped mset/mget
 on numpy arrays."""
 
+import contextlib
 import os
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 import aibrix_eic
 import aibrix_eic.engine as eic
@@ -50,3 +52,22 @@ def mget(c, sizes: dict[str, int]) -> tuple[list, list[np.ndarray]]:
         vals.append(array.ctypes.data, array.nbytes, False)
     _, _, outcome = c.mget(eic.StringVector(sizes), eic.GetOption(), vals)
     return list(outcome.status_codes), arrays
+
+
+@contextlib.contextmanager
+def small_tmpfs(where: str, size: str):
+    """A tmpfs of `size` (mount's syntax: 24m) mounted at `where`, as a
+    container's small /dev/shm; skips the test where mount is refused (not
+    root, or no CAP_SYS_ADMIN)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    os.makedirs(where, mode=0o700, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", where], capture_output=True, text=True
+    )
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", where], check=False)
