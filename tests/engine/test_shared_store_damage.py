@@ -71,20 +71,26 @@ def sector_inside(at: int, nbytes: int, index: int) -> int:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 @pytest.mark.parametrize("nbytes", SIZES)
-def test_a_byte_flipped_anywhere_in_a_value_is_a_miss(shared_dir, nbytes, data):
+def test_a_byte_flipped_or_a_sector_torn_anywhere_in_a_value_is_a_miss(shared_dir, nbytes, data):
     """One byte of the value's bytes in data.mdb, at any offset, XORed with
-    any nonzero mask: a get is a miss and never writes the destination."""
+    any nonzero mask, or any whole 512-byte sector inside it zeroed (the
+    value has no zero byte): a get is a miss and never writes the destination."""
     endpoint, value, at = stored_value(shared_dir, f"flip{nbytes}", nbytes)
     path = os.path.join(get_store(endpoint).path, "data.mdb")
-    offset = data.draw(st.integers(0, nbytes - 1), label="offset")
-    mask = data.draw(st.integers(1, 255), label="mask")
-    before = overwrite(path, at + offset, bytes([int(value[offset]) ^ mask]))
+    if data.draw(st.booleans(), label="torn sector"):
+        where = sector_inside(at, nbytes, data.draw(st.integers(0, nbytes // SECTOR), label="sector"))
+        payload = bytes(SECTOR)
+    else:
+        offset = data.draw(st.integers(0, nbytes - 1), label="offset")
+        where = at + offset
+        payload = bytes([int(value[offset]) ^ data.draw(st.integers(1, 255), label="mask")])
+    before = overwrite(path, where, payload)
     try:
         codes, arrays = mget(client(endpoint), {"v": nbytes})
-        assert codes == [MISS], f"a value with byte {offset} flipped was served"
+        assert codes == [MISS], f"a value damaged at file offset {where} (value offset {where - at}) was served"
         assert not arrays[0].any(), "the destination was written"
     finally:
-        overwrite(path, at + offset, before)
+        overwrite(path, where, before)
     codes, arrays = mget(client(endpoint), {"v": nbytes})
     assert codes == [SUCCESS] and (arrays[0] == value).all()  # the same value, whole again, is served
 
