@@ -551,9 +551,9 @@ class SharedStore:
         codes = [StatusCode.KEY_NOT_EXIST] * len(keys)
 
         def delete(writer: Writer) -> None:
-            for i, key in enumerate(keys):
-                if writer.remove(db_key_of(raw_key(ns, key))) > 0:
-                    codes[i] = StatusCode.SUCCESS
+            for i, key in enumerate(keys):  # each assigned: a retried transaction starts over
+                removed = writer.remove(db_key_of(raw_key(ns, key))) > 0
+                codes[i] = StatusCode.SUCCESS if removed else StatusCode.KEY_NOT_EXIST
 
         try:
             self._write(delete)
