@@ -4,12 +4,16 @@ can open, against the in-process engine store in the same run.
 
     python benchmarks/compare_shared_storage.py [--dir /dev/shm] [--reps 7]
 
-Candidates, each the least code that gives whole-value-or-miss reads:
+The product's store first (`shared`: local://NAME?dir=DIR, what
+`dir=` gives, checksums and locks included), then the candidates, each the
+least code that gives whole-value-or-miss reads:
 - files: one file per value on tmpfs, written aside and renamed into place;
   a read opens, checks the size and preadv()s into the destination;
 - lmdb: one write transaction per call, reads copy out of the mapping;
 - diskcache (if installed): SQLite index plus files, LRU eviction built in.
-Ratios are in-process time / candidate time; higher is faster.
+Ratios are in-process time / candidate time; higher is faster. `--only
+shared` times the product's store alone (to compare two checkouts: run this
+script with PYTHONPATH naming each, in turn, in one session).
 """
 
 import argparse
@@ -34,7 +38,11 @@ def caller_memory(addr: int, nbytes: int) -> memoryview:
 class InProcess:
     def __init__(self, _directory: str) -> None:
         self.client = eic.Client()
-        assert self.client.init("cmp", "compare-in-process?capacity=2GiB", eic.InitOption()) == 0
+        assert self.client.init("cmp", self.endpoint(_directory), eic.InitOption()) == 0
+
+    @staticmethod
+    def endpoint(_directory: str) -> str:
+        return "compare-in-process?capacity=2GiB"
 
     @staticmethod
     def _buffers(addrs, nbytes):
@@ -44,13 +52,23 @@ class InProcess:
         return vals
 
     def put(self, keys, addrs, nbytes):
-        assert self.client.mset(eic.StringVector(keys), self._buffers(addrs, nbytes), eic.SetOption())[0] == 0
+        status = self.client.mset(eic.StringVector(keys), self._buffers(addrs, nbytes), eic.SetOption())[0]
+        assert int(status) == 0, status  # a StatusCode: equal to its int only through int()
 
     def get(self, keys, addrs, nbytes):
-        assert self.client.mget(eic.StringVector(keys), eic.GetOption(), self._buffers(addrs, nbytes))[0] == 0
+        status = self.client.mget(eic.StringVector(keys), eic.GetOption(), self._buffers(addrs, nbytes))[0]
+        assert int(status) == 0, status
 
     def exists(self, keys):
         return self.client.mexist(eic.StringVector(keys), eic.ExistOption())
+
+
+class Shared(InProcess):
+    """The product's shared store (local://NAME?dir=DIR)."""
+
+    @staticmethod
+    def endpoint(directory: str) -> str:
+        return f"compare?dir={directory}&capacity=2GiB"
 
 
 class Files:
@@ -159,14 +177,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None)
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--only", choices=["shared"], help="time the product's store alone (beside the baseline)")
     args = parser.parse_args(argv)
-    candidates = [InProcess, Files, Lmdb]
-    try:
-        import diskcache  # noqa: F401
+    candidates: list[type] = [InProcess, Shared]
+    if args.only is None:
+        candidates += [Files, Lmdb]
+        try:
+            import diskcache  # noqa: F401
 
-        candidates.append(DiskCache)
-    except ImportError:
-        print("diskcache is not installed: skipped")
+            candidates.append(DiskCache)
+        except ImportError:
+            print("diskcache is not installed: skipped")
     results = {}
     for candidate in candidates:
         directory = tempfile.mkdtemp(prefix="aibrix-eic-compare-", dir=args.dir)

@@ -7,7 +7,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 
-from ..engine.shared_files import store_path
+from ..engine.shared_files import DEFAULT_MODE, check_parent, store_path
 from ..util.units import format_size
 
 
@@ -40,7 +40,7 @@ class BenchStore:
         """Create DIR if it is missing (the engine creates the store's folder)."""
         directory = os.path.abspath(self.directory)
         if not os.path.exists(directory):
-            os.makedirs(directory)
+            check_parent(directory, create=True, mode=DEFAULT_MODE)  # 0700, as the engine's create=1 makes it
             self.created.append(directory)
         if not os.path.exists(self.path):
             self.created.append(self.path)

@@ -17,3 +17,9 @@ class StoreUnavailable(Exception):
 
     def __str__(self) -> str:
         return f"shared store {self.path}: {self.cause}; {self.fix}"
+
+
+class StoreFull(StoreUnavailable):
+    """A write the store has no room for: its filesystem is full, or its map
+    is full of pages older snapshots still hold. Every call turns it into
+    OUT_OF_CAPACITY codes (put, delete, clear); the store serves on."""

@@ -9,9 +9,7 @@ show the same one. Anything it does not recognise is a bug in aibrix-eic,
 and is reported as one.
 """
 
-import errno
 import logging
-import os
 import sys
 import threading
 
@@ -22,8 +20,6 @@ logger = logging.getLogger(__name__)
 UNAVAILABLE = -1  # what the SDK returns when the cluster cannot be reached
 INVALID = -22  # EINVAL: an endpoint that cannot be parsed
 
-_OTHER_DIR = "or point dir= at a directory of this user's (for example /dev/shm/aibrix-eic-$USER)"
-_MOVE_ASIDE = "move {path} aside (or delete it) so that a new store is created there, " + _OTHER_DIR
 _LMDB_UNREADABLE = ("InvalidError", "CorruptedError", "VersionMismatchError", "PanicError", "IncompatibleError")
 _LMDB_LOCKED = ("LockError", "ReadersFullError")
 
@@ -68,59 +64,29 @@ def explain(endpoint: str, error: BaseException) -> StoreUnavailable | None:
 
 
 def _explain_os_error(path: str, error: OSError) -> StoreUnavailable:
-    where = error.filename or path
-    reason = error.strerror or str(error)
-    if isinstance(error, PermissionError):
-        uid = os.geteuid()
-        cause = f"permission denied on {where} (this process runs as uid {uid})"
-        fix = f"run as the user that owns it, give uid {uid} read and write access to it and the directory above it, {_OTHER_DIR}"
-    elif isinstance(error, (NotADirectoryError, FileExistsError)):
-        blocking = _first_non_directory(where)
-        cause = f"{blocking} is not a directory"
-        fix = f"move {blocking} away, {_OTHER_DIR}"
-    elif isinstance(error, FileNotFoundError):
-        cause = f"{where} does not exist"
-        fix = "create the directory, or correct dir= in remote_url"
-    elif error.errno == errno.ENOSPC:
-        cause = f"no space left on the filesystem of {where}"
-        fix = "free space there, lower capacity= in remote_url, or point dir= at a larger filesystem"
-    elif error.errno == errno.EROFS:
-        cause = f"{where} is on a read-only filesystem"
-        fix = f"point dir= at a writable filesystem (tmpfs such as /dev/shm, or a local disk), {_OTHER_DIR}"
-    else:
-        cause = f"{reason} ({where})"
-        fix = f"check that {where} is a local directory this user can read and write, {_OTHER_DIR}"
-    return StoreUnavailable(path, cause, fix)
+    from .shared_files import os_error_words
 
-
-def _first_non_directory(path: str) -> str:
-    """The part of `path` that exists and is not a directory (what made
-    creating it fail), or `path` itself."""
-    parts = os.path.abspath(path).split(os.sep)
-    for end in range(2, len(parts) + 1):
-        prefix = os.sep.join(parts[:end])
-        if os.path.lexists(prefix) and not os.path.isdir(prefix):
-            return prefix
-    return path
+    return StoreUnavailable(path, *os_error_words(error.filename or path, error))
 
 
 def _explain_lmdb_error(path: str, error: Exception) -> StoreUnavailable:
+    from .shared_files import OTHER_DIR, replace_store_fix
+
     kind = type(error).__name__
     if kind in _LMDB_UNREADABLE:
         cause = f"its files are not a store this engine can read: damaged or written by something else ({error})"
-        fix = _MOVE_ASIDE.format(path=path)
+        fix = replace_store_fix(path)
     elif kind in _LMDB_LOCKED:
-        cause = f"its lock cannot be taken ({error})"
-        fix = (
-            "processes in other containers (other PID namespaces) cannot share one store: give each "
-            f"container its own dir=, or stop the processes that hold {path}"
-        )
+        # The store takes its own OFD locks (shared_lock.py), which processes
+        # in other PID namespaces share; LMDB's lock file is never used.
+        cause = f"LMDB's lock cannot be taken ({error}); this store opens LMDB without it"
+        fix = f"check that every process using {path} runs this aibrix-eic version, and that none opens it with LMDB itself"
     elif kind == "ReadonlyError":
         cause = f"it can only be opened read-only ({error})"
-        fix = f"let this user write {path}, {_OTHER_DIR}"
+        fix = f"let this user write {path}, {OTHER_DIR}"
     else:
         cause = f"LMDB cannot open it ({kind}: {error})"
-        fix = _MOVE_ASIDE.format(path=path)
+        fix = replace_store_fix(path)
     return StoreUnavailable(path, cause, fix)
 
 

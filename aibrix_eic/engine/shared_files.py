@@ -21,7 +21,9 @@ from urllib.parse import quote
 from .errors import StoreUnavailable
 
 DEFAULT_MODE = 0o700
-FORMAT_VERSION = 1
+# 2: each value's meta holds an xxh3_64 of all its bytes. Format 1 (a CRC-32
+# of 8 bytes a page) is refused whole at open, never read value by value.
+FORMAT_VERSION = 2
 _MAGIC = b"AIBXEIC\0"
 HEADER = struct.Struct("<8sIIQ")  # magic, format version, reserved, map size
 HEADER_FILE, LOCK_FILE, DATA_FILE = "format", "store.lock", "data.mdb"
@@ -48,25 +50,70 @@ def _refuse(path: str, cause: str, fix: str) -> StoreUnavailable:
     return StoreUnavailable(path, cause, fix)
 
 
-def from_os_error(path: str, e: OSError) -> StoreUnavailable:
-    """An OSError met while opening, in an operator's words."""
-    where = e.filename or path
+OTHER_DIR = "or point dir= at a directory of this user's (for example /dev/shm/aibrix-eic-$USER)"
+
+
+def os_error_words(where: str, e: OSError) -> tuple[str, str]:
+    """The cause and the fix of an OSError met at `where`: the one errno
+    table of the store, for opening it and for every call."""
+    reason = e.strerror or str(e)
     if e.errno in (errno.EACCES, errno.EPERM):
-        return _refuse(
-            where,
-            f"permission denied ({e.strerror})",
-            "run as the user that owns it, give this user access (chmod/chown, or mode= for a group), "
-            "or choose another dir=",
+        uid = os.geteuid()
+        return (
+            f"permission denied on {where} ({reason}; this process runs as uid {uid})",
+            f"run as the user that owns it, give uid {uid} access (chmod/chown, or mode= for a group), {OTHER_DIR}",
         )
-    if e.errno == errno.ENOTDIR:
-        return _refuse(where, "not a directory", "dir= must name a directory")
+    if e.errno in (errno.ENOTDIR, errno.EEXIST):
+        blocking = _first_non_directory(where)
+        return f"{blocking} is not a directory", f"move {blocking} away (dir= must name a directory), {OTHER_DIR}"
+    if e.errno == errno.ENOENT:
+        return f"{where} does not exist", "create the directory, or correct dir= in remote_url"
     if e.errno == errno.ELOOP:
-        return _refuse(where, "is a symlink, which a store never follows", "name the real path in dir=")
+        return f"{where} is a symlink, which a store never follows", "name the real path in dir="
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return _refuse(where, f"no space left ({e.strerror})", "free space on its filesystem or choose another dir=")
+        return (
+            f"no space left on the filesystem of {where} ({reason})",
+            "free space there (or raise the quota), lower capacity= in remote_url, or point dir= at a larger filesystem",
+        )
     if e.errno == errno.EROFS:
-        return _refuse(where, "read-only filesystem", "choose a dir= on a writable filesystem")
-    return _refuse(where, f"{e.strerror or e}", "check the path and its permissions")
+        return (
+            f"{where} is on a read-only filesystem",
+            f"point dir= at a writable filesystem (tmpfs such as /dev/shm), {OTHER_DIR}",
+        )
+    if e.errno in (errno.EMFILE, errno.ENFILE):
+        return (
+            f"too many open files ({reason}) while opening {where}",
+            "raise the open-file limit (ulimit -n, or LimitNOFILE= / the container's nofile ulimit), "
+            "or run fewer threads that use the store",
+        )
+    return f"{reason} ({where})", f"check that {where} is a local directory this user can read and write, {OTHER_DIR}"
+
+
+def _first_non_directory(path: str) -> str:
+    """The part of `path` that exists and is not a directory (what made
+    creating it fail), or `path` itself."""
+    parts = os.path.abspath(path).split(os.sep)
+    for end in range(2, len(parts) + 1):
+        prefix = os.sep.join(parts[:end])
+        if os.path.lexists(prefix) and not os.path.isdir(prefix):
+            return prefix
+    return path
+
+
+def from_os_error(path: str, e: OSError) -> StoreUnavailable:
+    """An OSError met at `path` (or the file it names), in an operator's words."""
+    where = e.filename or path
+    return _refuse(where, *os_error_words(where, e))
+
+
+def replace_store_fix(store: str) -> str:
+    """How to get rid of the store directory `store` without hurting the
+    processes that still have it open (removing it under them would split
+    its locks from their mapping)."""
+    return (
+        f"point new processes at another store (another NAME or dir=) now, and remove the directory {store} "
+        f"once `fuser -v {store}/data.mdb` lists no process (it holds only cached KV, which is recomputed)"
+    )
 
 
 def _mine(st: os.stat_result, mode: int) -> bool:
@@ -200,12 +247,7 @@ def existing_file(path: str, mode: int) -> bool:
 
 
 def damaged(path: str, cause: str) -> StoreUnavailable:
-    return _refuse(
-        path,
-        f"damaged store: {cause}",
-        f"remove the directory {os.path.dirname(path)} (it holds only cached KV, which is recomputed) "
-        "once no process uses it",
-    )
+    return _refuse(path, f"damaged store: {cause}", replace_store_fix(os.path.dirname(path)))
 
 
 # LMDB's two meta pages (lmdb.h / mdb.c, 64-bit): a 16-byte page header,
@@ -270,7 +312,8 @@ def read_or_create_header(path: str, map_size: int, mode: int) -> int:
     if version != FORMAT_VERSION:
         raise _refuse(
             path,
-            f"store format {version}, this aibrix-eic reads format {FORMAT_VERSION}",
-            f"use one aibrix-eic version for every process sharing it, or remove {os.path.dirname(path)}",
+            f"store format {version} (written by {'an older' if version < FORMAT_VERSION else 'a newer'} "
+            f"aibrix-eic), this aibrix-eic reads format {FORMAT_VERSION}",
+            "use one aibrix-eic version for every process sharing a store: " + replace_store_fix(os.path.dirname(path)),
         )
     return int(recorded)

@@ -16,16 +16,16 @@ How it is opened (docs/engine.md, "Shared mode", says why):
   space it may write is reserved (fallocate), so a full filesystem fails
   the write (OUT_OF_CAPACITY) instead of raising SIGBUS on a hole;
 - after checking, before LMDB opens it, that the file holds every page its
-  last commit names; and each value carries a sampled checksum, so a
-  truncated or torn store is refused, and a damaged value is a miss, never
-  served.
+  last commit names, so a truncated store is refused; and each value carries
+  an xxh3_64 of its stored bytes, checked whole before a get copies it, so a
+  damaged value (a flipped byte, a torn sector) is a miss, never served.
 
 What LMDB lacks is added here, inside the same write transactions, so it is
 as atomic as the data: a byte budget with least-recently-used eviction, TTL,
 and namespaces. Five named databases hold it:
 
     values  db key -> value bytes
-    meta    db key -> (seq, expires_at, nbytes, checksum) [+ ns/key text for digest keys]
+    meta    db key -> (seq, expires_at, nbytes, xxh3_64) [+ ns/key text for digest keys]
     order   seq -> db key, oldest first: the eviction order
     expiry  (expires_at, seq) -> db key, soonest first
     info    capacity, live bytes, the last seq
@@ -56,7 +56,7 @@ import numpy as np
 from ..util.docs import docs_url
 from . import device
 from .enums import StatusCode
-from .errors import StoreUnavailable
+from .errors import StoreFull, StoreUnavailable
 from .faults import Faults
 from .shared_files import (
     DATA_FILE,
@@ -71,6 +71,7 @@ from .shared_files import (
     from_os_error,
     open_file,
     read_or_create_header,
+    replace_store_fix,
     store_entry,
     store_path,
 )
@@ -84,8 +85,8 @@ from .shared_records import (
     db_key_of,
     names_of,
     raw_key,
-    sampled_checksum,
     source_bytes,
+    value_checksum,
 )
 from .store import DEFAULT_MAX_VALUE_BYTES, StoreStats
 
@@ -106,9 +107,17 @@ _MAP_SLACK = 64 << 20
 _MIN_MAP = 64 << 30
 DEFAULT_CAPACITY = 4 * 1024**3
 _FULL = (errno.ENOSPC, errno.EDQUOT)
-# Reserved beyond what a write's values and the trees' pages need: LMDB's
-# free list and the new pages of a deeper tree.
+# Reserved beyond what a write's values and the trees' pages need: the new
+# pages of a deeper tree, LMDB's meta and free-list bookkeeping.
 _RESERVE_SLACK = 4 << 20
+# LMDB's free list: a transaction that frees many pages (a smaller capacity=
+# evicting GiBs, a burst of expiries) records 8 bytes per freed page and
+# copies the free list's own pages, each at most every page in use: 24
+# bytes per page in use bounds both (half-full tree pages), 0.6 % of the file.
+_FREE_LIST_PER_PAGE = 24
+# What the transaction that creates a store writes (its meta pages and
+# the named databases' records): allocated before LMDB first writes.
+_CREATE_RESERVE = 256 << 10
 _DBS = ("values", "meta", "order", "expiry", "info")
 # How long a call (or opening) waits for a lock another process holds; the
 # connector sets it from its own timeouts (lock_timeout=, docs/engine.md).
@@ -127,12 +136,6 @@ def map_size_for(capacity: int) -> int:
 
 def usable_capacity(map_size: int) -> int:
     return (map_size - _MAP_SLACK) // 2
-
-
-class StoreFull(StoreUnavailable):
-    """A write the store has no room for: its filesystem is full, or its map
-    is full of pages older snapshots still hold. put_many turns it into
-    OUT_OF_CAPACITY; the store serves on."""
 
 
 class SharedStore:
@@ -158,8 +161,8 @@ class SharedStore:
         self.clock = clock
         self.faults = Faults()
         self.mexist_miss = "success"  # like the fault knobs, this process's reading only
-        self.stats = StoreStats()
-        self.damaged_values = 0  # values whose checksum failed, read as misses
+        self.stats = StoreStats()  # stats.damaged: values whose checksum failed, read as misses
+        self._damage_reported = False
         self._initial_capacity = capacity
         self._hits: dict[bytes, None] = {}
         self._hits_lock = threading.Lock()
@@ -213,6 +216,9 @@ class SharedStore:
         _open_stores.add(self)
 
     def _open_env(self, data: str, mode: int) -> Any:
+        self._reserved = 0  # data.mdb is allocated up to here (it never shrinks)
+        self._can_reserve = True
+        new = os.fstat(self._data_fd).st_size == 0
         try:
             env = lmdb.open(
                 self.path,
@@ -226,10 +232,18 @@ class SharedStore:
                 mode=file_mode(mode),
             )
         except lmdb.Error as e:
+            if os.strerror(errno.ENOSPC) in str(e) or os.strerror(errno.EDQUOT) in str(e):
+                if new:  # no half-written meta page left for the next opener to call damaged
+                    os.ftruncate(self._data_fd, 0)  # safe: openers wait for the writer mutex this one holds
+                raise self._full(f"no space left on its filesystem for a new store ({e})") from e
             raise damaged(data, f"LMDB cannot open it ({e})") from e
         self._page_size = env.stat()["psize"]
-        self._reserved = 0  # data.mdb is allocated up to here (it never shrinks)
-        self._can_reserve = True
+        if new:  # LMDB wrote its meta pages; the creating transaction writes through the map
+            try:
+                self._reserve_to(0, _CREATE_RESERVE)
+            except BaseException:
+                env.close()
+                raise
         return env
 
     def _open_dbs(self, env: Any, data: str, deadline: float) -> Any:
@@ -295,27 +309,29 @@ class SharedStore:
 
     def _reserve(self, txn: Any, nbytes: int, nkeys: int) -> None:
         """Allocate the file space this write transaction may write: every
-        page of the trees it may copy, its values and their new tree pages.
+        page of the trees it may copy, its values and their new tree pages,
+        and the free list of every page it may free.
         LMDB writes new pages only past the last committed one, through the
         map, where a page the filesystem has no room for is a SIGBUS."""
         if not self._can_reserve:
             return
         tree_pages = sum(stat["branch_pages"] + stat["leaf_pages"] for stat in self._tree_stats(txn))
         page = self._page_size
-        start = (self._env.info()["last_pgno"] + 1) * page
-        end = min(start + nbytes + (tree_pages + 4 * nkeys) * page + _RESERVE_SLACK, self.map_size)
-        if end <= self._reserved:
+        in_use = self._env.info()["last_pgno"] + 1
+        bookkeeping = (tree_pages + 4 * nkeys) * page + in_use * _FREE_LIST_PER_PAGE + _RESERVE_SLACK
+        self._reserve_to(in_use * page, min(in_use * page + nbytes + bookkeeping, self.map_size))
+
+    def _reserve_to(self, start: int, end: int) -> None:
+        """Allocate data.mdb's bytes [start, end) not allocated yet; raises
+        StoreFull when its filesystem has no room for them."""
+        if end <= self._reserved or not self._can_reserve:
             return
         begin = max(start, self._reserved)
         try:
             os.posix_fallocate(self._data_fd, begin, end - begin)
         except OSError as e:
             if e.errno in _FULL:
-                raise StoreFull(
-                    self.path,
-                    f"no space left on its filesystem for {end - begin} more bytes",
-                    f"free space there, or set capacity= to what the filesystem holds ({docs_url('operations.md', 'the-engines-shared-store')})",
-                ) from e
+                raise self._full(f"no space left on its filesystem for {end - begin} more bytes") from e
             if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                 raise from_os_error(self.path, e) from e
             self._can_reserve = False
@@ -327,6 +343,13 @@ class SharedStore:
             )
             return
         self._reserved = end
+
+    def _full(self, cause: str) -> "StoreFull":
+        return StoreFull(
+            self.path,
+            cause,
+            f"free space there, or set capacity= to what the filesystem holds ({docs_url('operations.md', 'the-engines-shared-store')})",
+        )
 
     def _tree_stats(self, txn: Any) -> list[dict[str, int]]:
         return [txn.stat(db) for db in self._dbs.values()] + [self._env.stat()]
@@ -487,7 +510,7 @@ class SharedStore:
         return StoreUnavailable(
             self.path,
             f"LMDB failed: {e}",
-            f"if it persists, remove {self.path} once no process uses it (it holds only cached KV)",
+            f"if it persists, {replace_store_fix(self.path)}",
         )
 
     def _write_once(
@@ -501,7 +524,7 @@ class SharedStore:
     ) -> None:
         with self._lock.write(lambda: env.info()["last_txnid"] + 1, deadline) as commit:
             self._check_files(writing=True)  # under the writer mutex: the files are the ones every writer uses
-            txn = env.begin(write=True)
+            txn = env.begin(write=True, buffers=True)  # buffers: put_many hashes the stored bytes in place
             try:
                 self._reserve(txn, nbytes, nkeys + len(hits))
                 writer = Writer(txn, self)
@@ -560,15 +583,20 @@ class SharedStore:
         return None if expires_at <= self.clock() else nbytes
 
     # --------------------------------------------------------------- writes
-    def clear(self) -> None:
-        """Drop every value (the capacity stays)."""
+    def clear(self) -> StatusCode:
+        """Drop every value (the capacity stays); OUT_OF_CAPACITY when the
+        filesystem has no room for the transaction."""
 
         def drop(writer: Writer) -> None:
             for db in ("values", "meta", "order", "expiry"):
                 writer.txn.drop(self._dbs[db], delete=False)
             writer.live = 0
 
-        self._write(drop)
+        try:
+            self._write(drop)
+        except StoreFull:
+            return StatusCode.OUT_OF_CAPACITY
+        return StatusCode.SUCCESS
 
     def set_capacity(self, capacity: int) -> None:
         capacity = self._capacity_within(capacity)
@@ -605,9 +633,11 @@ class SharedStore:
                 writer.make_room(nbytes)
                 value = source_bytes(addr, nbytes, bool(on_device and on_device[i]))
                 writer.txn.put(db_key, value, db=values)
+                # Hashed as stored (read back in this transaction), not the caller's buffer.
+                checksum = value_checksum(writer.txn.get(db_key, db=values))
                 expires_at = self.clock() + ttl_second if ttl_second > 0 else math.inf
                 names = b"" if db_key is raw else raw  # keys() reads digest keys' names here
-                writer.publish(db_key, nbytes, expires_at, sampled_checksum(value), names)
+                writer.publish(db_key, nbytes, expires_at, checksum, names)
                 self.stats.bytes_in += nbytes
 
         try:
@@ -619,29 +649,37 @@ class SharedStore:
         self.stats.puts += len(keys)
         return codes
 
-    def delete_many(self, ns: str, keys: Sequence[str]) -> list[bool]:
-        """Remove each key; True where an unexpired value was there to remove."""
-        removed = [False] * len(keys)
+    def delete_many(self, ns: str, keys: Sequence[str]) -> list[StatusCode]:
+        """Remove each key: SUCCESS where an unexpired value was there to
+        remove, KEY_NOT_EXIST where none was, OUT_OF_CAPACITY for every key
+        when the filesystem has no room for the transaction (nothing removed)."""
+        codes = [StatusCode.KEY_NOT_EXIST] * len(keys)
 
         def delete(writer: Writer) -> None:
-            for i, key in enumerate(keys):
-                removed[i] = writer.remove(db_key_of(raw_key(ns, key))) > 0
+            for i, key in enumerate(keys):  # each assigned: a retried transaction starts over
+                removed = writer.remove(db_key_of(raw_key(ns, key))) > 0
+                codes[i] = StatusCode.SUCCESS if removed else StatusCode.KEY_NOT_EXIST
 
-        self._write(delete)
+        try:
+            self._write(delete)
+        except StoreFull:
+            codes = [StatusCode.OUT_OF_CAPACITY] * len(keys)
         self.stats.deletes += len(keys)
-        return removed
+        return codes
 
     # ---------------------------------------------------------------- reads
-    def _damaged(self, key: str, nbytes: int) -> None:
-        self.damaged_values += 1
-        if self.damaged_values == 1:  # once per process: the store, not the key, is the news
+    def _damaged(self, nbytes: int) -> None:
+        self.stats.damaged += 1
+        if not self._damage_reported:  # once per store: the store, not the key, is the news
+            self._damage_reported = True
             log.warning(
-                "shared store %s: a stored value (%d bytes) failed its checksum and is read as a miss; "
-                "the store's file was damaged (truncated, or not written back before a host crash): "
-                "remove %s once no process uses it",
+                "shared store %s: a stored value (%d bytes) failed its checksum and is read as a miss "
+                "(stats.damaged counts them); something wrote into the store's memory or file (a stray "
+                "write of a process that maps it, a bit flip, a page not written back before a host crash). "
+                "Damaged values are never served; if it recurs, %s",
                 self.path,
                 nbytes,
-                self.path,
+                replace_store_fix(self.path),
             )
 
     def get_many(
@@ -681,8 +719,9 @@ class SharedStore:
                 value = txn.get(db_key, db=values_db)
                 if value is None:  # never within one snapshot: meta and value are written together
                     continue
-                if len(value) != nbytes or sampled_checksum(value) != checksum:
-                    self._damaged(key, nbytes)
+                # Checked before the destination is touched: a damaged value never reaches it.
+                if len(value) != nbytes or value_checksum(value) != checksum:
+                    self._damaged(nbytes)
                     continue
                 if on_device and on_device[i]:
                     # Staged on the host: a device copy waits for the caller's

@@ -56,6 +56,7 @@ class StoreStats:
     bytes_out: int = 0
     allocations: int = 0
     prefaulted: int = 0  # allocations carved from ready pages (prefault=)
+    damaged: int = 0  # shared store: stored values that failed their checksum, read as misses
 
 
 # The largest value a store takes unless `max_value=` says otherwise. Large enough for what public EIC callers write as one value (an
@@ -140,8 +141,8 @@ class Store(StoreBuffers):
         with self._lock:
             return list(self._index.keys())
 
-    def clear(self) -> None:
-        """Drop every value and every reusable buffer."""
+    def clear(self) -> StatusCode:
+        """Drop every value and every reusable buffer (always SUCCESS)."""
         with self._lock:
             for value in self._index.values():
                 value.linked = False
@@ -160,6 +161,7 @@ class Store(StoreBuffers):
             self._refill_paused = True
             # Pinned values keep their bytes counted until their last reader
             # recycles them; values being written until they are published.
+        return StatusCode.SUCCESS
 
     def close(self) -> None:
         """clear(), and stop keeping pages ready (reset_stores does this)."""
@@ -273,19 +275,19 @@ class Store(StoreBuffers):
             self.stats.exists += len(keys)
         return found
 
-    def delete_many(self, ns: str, keys: Sequence[str]) -> list[bool]:
-        """Remove each key; True where a value was there to remove."""
+    def delete_many(self, ns: str, keys: Sequence[str]) -> list[StatusCode]:
+        """Remove each key: SUCCESS where a value was there to remove, else KEY_NOT_EXIST."""
         with self._lock:
             now = self.clock()
-            removed = []
+            codes = []
             for key in keys:
                 value = self._lookup_unsafe((ns, key), now)
                 if value is not None:
                     del self._index[(ns, key)]
                     self._unlink_unsafe(value)
-                removed.append(value is not None)
+                codes.append(StatusCode.KEY_NOT_EXIST if value is None else StatusCode.SUCCESS)
             self.stats.deletes += len(keys)
-        return removed
+        return codes
 
     # ------------------------------------------------------------- internals
     def _lookup_unsafe(self, key: tuple[str, str], now: float) -> _Value | None:

@@ -409,10 +409,7 @@ class Client:
         store = self._begin_call(keys, option.ns)
         if isinstance(store, tuple):
             return store
-        removed = _answered(len(keys), lambda: store.delete_many(option.ns, keys), writes=True)
-        if removed and isinstance(removed[0], StatusCode):  # the store could not answer
-            return overall_status(removed), Outcome(removed)
-        codes = [StatusCode.SUCCESS if done else StatusCode.KEY_NOT_EXIST for done in removed]
+        codes = _answered(len(keys), lambda: store.delete_many(option.ns, keys), writes=True)
         return overall_status(codes), Outcome(codes)
 
     # ---------------------------------------------------- beyond the SDK

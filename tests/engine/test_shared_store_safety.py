@@ -14,7 +14,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from engine_processes import MiB, child, client, mget, mset
+from engine_processes import MiB, child, client, mget, mset, small_tmpfs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -149,18 +149,8 @@ def test_a_map_another_process_grew_is_adopted(shared_dir, monkeypatch):
 @pytest.fixture
 def small_fs(tmp_path):
     """A 24 MiB tmpfs, as a container's small /dev/shm."""
-    root_only()
-    mount = tmp_path / "small"
-    mount.mkdir(mode=0o700)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=24m,mode=0700", "tmpfs", str(mount)], capture_output=True, text=True
-    )
-    if mounted.returncode:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield str(mount)
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+    with small_tmpfs(str(tmp_path / "small"), "24m") as mount:
+        yield mount
 
 
 FILL = """
@@ -322,10 +312,10 @@ def test_a_store_that_is_not_lmdb_is_refused_naming_the_fix(shared_dir):
 
 @settings(max_examples=200, deadline=None)
 @given(nbytes=st.integers(1, 300_000), page=st.integers(0, 80), seed=st.integers(0, 2**32 - 1))
-def test_the_sampled_checksum_sees_any_lmdb_page_of_a_value_zeroed(nbytes, page, seed):
+def test_the_checksum_sees_any_lmdb_page_of_a_value_zeroed(nbytes, page, seed):
     """LMDB stores a large value from byte 16 of its first overflow page
     on, so its page k holds value bytes [4096 k - 16, 4096 (k + 1) - 16)."""
-    from aibrix_eic.engine.shared_records import sampled_checksum  # imported here: older trees lack it
+    from aibrix_eic.engine.shared_records import value_checksum  # imported here: older trees lack it
 
     value = np.random.default_rng(seed).integers(1, 256, nbytes, dtype=np.uint8)  # no zero byte
     start = max(page * 4096 - 16, 0)
@@ -333,7 +323,7 @@ def test_the_sampled_checksum_sees_any_lmdb_page_of_a_value_zeroed(nbytes, page,
         return
     damaged = value.copy()
     damaged[start : page * 4096 + 4096 - 16] = 0
-    assert sampled_checksum(damaged) != sampled_checksum(value)
+    assert value_checksum(damaged) != value_checksum(value)
 
 
 # ------------------------------------------------------------ namespaces

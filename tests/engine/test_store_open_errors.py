@@ -6,6 +6,7 @@ Every setup is made for real (tests/support/broken_stores.py)."""
 
 import errno
 import logging
+import os
 import shutil
 
 import pytest
@@ -125,3 +126,33 @@ def test_a_client_that_opened_has_no_last_error():
     client = eic.Client()
     assert client.init("x", "fine", eic.InitOption()) == 0
     assert client.last_error == ""
+
+
+@pytest.mark.parametrize(
+    "code",
+    [errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.ENOTDIR, errno.ENOENT, errno.ELOOP, errno.EMFILE],
+)
+def test_one_errno_table_says_the_same_at_open_and_in_the_store(code):
+    """open_errors kept a second table that disagreed with the store's own
+    (EDQUOT was not a full disk there, EROFS said something else)."""
+    from aibrix_eic.engine import open_errors
+    from aibrix_eic.engine.shared_files import from_os_error
+
+    error = OSError(code, os.strerror(code), "/shm/kv/data.mdb")
+    explained = open_errors.explain("kv?dir=/shm", error)
+    assert explained is not None
+    assert (explained.cause, explained.fix) == (
+        from_os_error("/shm/kv", error).cause,
+        from_os_error("/shm/kv", error).fix,
+    )
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        assert "no space left" in explained.cause
+
+
+def test_no_advice_says_other_pid_namespaces_cannot_share():
+    """They can (the store's own OFD locks, tests/engine/test_shared_store_safety.py)."""
+    lmdb = pytest.importorskip("lmdb")
+    from aibrix_eic.engine import open_errors
+
+    explained = open_errors.explain("kv?dir=/shm", lmdb.LockError("mdb_txn_begin: Resource temporarily unavailable"))
+    assert explained is not None and "namespace" not in str(explained)

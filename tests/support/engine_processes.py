@@ -2,12 +2,14 @@
 fresh interpreter running a snippet on this checkout, SDK-shaped mset/mget
 on numpy arrays, and a process frozen (SIGSTOP) inside a read or a commit."""
 
+import contextlib
 import os
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
+import pytest
 from waiting import wait_until
 
 import aibrix_eic
@@ -103,3 +105,22 @@ def frozen_process(endpoint: str, where: str) -> subprocess.Popen:
 
     wait_until(stopped, what="the process to stop")
     return proc
+
+
+@contextlib.contextmanager
+def small_tmpfs(where: str, size: str):
+    """A tmpfs of `size` (mount's syntax: 24m) mounted at `where`, as a
+    container's small /dev/shm; skips the test where mount is refused (not
+    root, or no CAP_SYS_ADMIN)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    os.makedirs(where, mode=0o700, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", where], capture_output=True, text=True
+    )
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", where], check=False)

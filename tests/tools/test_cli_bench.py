@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 
@@ -288,6 +289,18 @@ def test_two_bench_processes_run_against_one_shared_store(capsys, shared_dir):
     store = os.path.join(shared_dir, EMBEDDED_STORE)
     assert f"left {store} as it was: it existed before this run" in out
     assert os.path.isdir(store), "a store this run did not create was removed"
+
+
+def test_a_shared_dir_the_bench_creates_is_private_as_create_1_documents(capsys, shared_dir):
+    """It was made 0755 (the umask's), where the store's create=1 makes 0700."""
+    missing = os.path.join(shared_dir, "new", "dir")
+    old_umask = os.umask(0o022)
+    try:
+        code, _, _ = run_bench(capsys, *SMALL, "--shared-dir", missing, "--keep")
+    finally:
+        os.umask(old_umask)
+    assert code == 0
+    assert stat.S_IMODE(os.stat(missing).st_mode) == 0o700
 
 
 def test_shared_dir_with_a_config_is_refused(capsys, tmp_path):

@@ -250,7 +250,7 @@ def test_wrong_bytes_from_get_are_caught(capsys, monkeypatch):
 
 
 def test_a_delete_that_deletes_nothing_is_caught(capsys, monkeypatch):
-    monkeypatch.setattr(Store, "delete_many", lambda self, ns, keys: [True] * len(keys))
+    monkeypatch.setattr(Store, "delete_many", lambda self, ns, keys: [StatusCode.SUCCESS] * len(keys))
     code, out = run_check(capsys)
     assert code == 1
     assert verdict_of(out, "delete") == "PASS"
