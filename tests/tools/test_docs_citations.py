@@ -52,6 +52,7 @@ EXTERNAL_IN_CODE = {
     "retry.py": "redis-py",
     "backoff.py": "redis-py",
     "prometheus.py": "vLLM, vllm/v1/metrics/prometheus.py",
+    "loggers.py": "vLLM, vllm/v1/metrics/loggers.py (the external prefix cache counters and log line)",
     "shm_broadcast.py": "vLLM, vllm/distributed/device_communicators/shm_broadcast.py",
 }
 # Files our code writes at run time, named in its comments.
