@@ -52,6 +52,9 @@ def render(report: Report) -> str:
         if queried is not None:
             hit_rate = reused / queried if queried else None
             line += f"; external prefix cache: {reused:.0f} of {queried:.0f} tokens reused ({_percent(hit_rate)})"
+            if not reused and any(rank.hit_blocks for rank in report.ranks):
+                # AIBrix's Type1 (and Type2, its subclass) tell vLLM's scheduler 0 matched tokens
+                line += " (AIBrix's Type1 and Type2 load inside the model step: vLLM counts none of it)"
         lines.append(line)
     for rank in report.ranks:
         lines += _rank_lines(rank)

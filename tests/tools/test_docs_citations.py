@@ -32,6 +32,7 @@ EXTERNAL = {
     # files of other repositories, named where the docs compare with them
     "eic.py": "AIBrix, python/aibrix_kvcache/aibrix_kvcache/l2/connectors/eic/eic.py",
     "test_l2cache.py": "AIBrix's tests (python/aibrix_kvcache/tests)",
+    "aibrix_offloading_connector_type1.py": "aibrix-kvcache, aibrix_kvcache/integration/vllm/kv_connector/",
     "test_cache_manager.py": "AIBrix's tests (python/aibrix_kvcache/tests)",
     "eic_storage.py": "SGLang, python/sglang/srt/mem_cache/storage/eic/eic_storage.py",
     "eic_connector.py": "LMCache, lmcache/v1/storage_backend/connector/eic_connector.py",
