@@ -16,12 +16,16 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
 
 
+def _per_second(rate: float | None) -> str:
+    return "" if rate is None else f" ({rate:.2f}/s)"
+
+
 def _rank_lines(rank: RankReport) -> list[str]:
     identity = rank.identity if rank.identity is not None else "?"
     lines = [
         f"rank {rank.partition}  ns={rank.eic_namespace!r} model={rank.model!r} identity={identity}  "
         f"{rank.state} (breaker trips {rank.breaker_trips:.0f})",
-        f"  gets {rank.get_requests_per_s:.2f}/s  hit rate {_percent(rank.hit_rate)} "
+        f"  gets {rank.get_requests:.0f}{_per_second(rank.get_requests_per_s)}  hit rate {_percent(rank.hit_rate)} "
         f"({rank.hit_blocks:.0f} of {rank.get_blocks:.0f} blocks, {format_size(int(rank.bytes_loaded))}; "
         f"since start {_percent(rank.hit_rate_total)})",
         f"  requests {rank.requests:.0f}: errors {_percent(rank.error_rate)}, timeouts {_percent(rank.timeout_rate)}, "

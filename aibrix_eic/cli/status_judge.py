@@ -41,7 +41,8 @@ class RankReport:
     identity: str | None  # the key identity token; None from builds without the series
     state: str  # open, closed, breaker open, unknown
     breaker_trips: float  # in the window
-    get_requests_per_s: float
+    get_requests: float  # in the window
+    get_requests_per_s: float | None  # None: one reading, no time to divide by
     get_blocks: float  # in the window, every outcome
     hit_blocks: float
     hit_rate: float | None  # hit / asked blocks in the window; None without gets
@@ -108,6 +109,7 @@ def judge_rank(now: Scrape, before: Scrape | None, rank: Rank, seconds: float | 
         return _delta(now, before, name, rank, **labels)
 
     state, identity = _state(now, rank)
+    gets = d("aibrix_eic_requests_total", op="get")
     get_blocks = d("aibrix_eic_blocks_total", op="get")
     hits = d("aibrix_eic_blocks_total", op="get", outcome="hit")
     total_gets = now.value("aibrix_eic_blocks_total", rank, op="get") or 0.0
@@ -127,7 +129,8 @@ def judge_rank(now: Scrape, before: Scrape | None, rank: Rank, seconds: float | 
         identity=identity,
         state=state,
         breaker_trips=d("aibrix_eic_breaker_trips_total"),
-        get_requests_per_s=(d("aibrix_eic_requests_total", op="get") / seconds) if seconds else 0.0,
+        get_requests=gets,
+        get_requests_per_s=gets / seconds if seconds else None,
         get_blocks=get_blocks,
         hit_blocks=hits,
         hit_rate=_fraction(hits, get_blocks),

@@ -102,7 +102,8 @@ def test_healthy_with_hits_reports_rates_over_the_window():
     )
     assert rank.hit_rate == pytest.approx(30 / 40)  # the window's blocks, not the totals
     assert rank.hit_rate_total == pytest.approx(40 / 60)
-    assert rank.get_requests_per_s == pytest.approx(2.0)  # 4 gets in 2 s
+    assert rank.get_requests == 4 and rank.get_requests_per_s == pytest.approx(2.0)  # 4 gets in 2 s
+    assert judge(parse_text(page(gets=6))).ranks[0].get_requests_per_s is None  # one reading: no rate
     assert rank.bytes_loaded == 30 * 65536
     assert rank.store_used_bytes == 1 << 20 and rank.store_capacity_bytes == 4 << 20
     assert report.vllm_model == "tiny" and (report.vllm_reused_tokens, report.vllm_queried_tokens) == (960, 1280)
