@@ -15,7 +15,6 @@ its exit status: store unreachable (breaker open), healthy, store failing.
 import json
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -138,18 +137,23 @@ def test_recovers_then_survives_seeded_faults(server, baseline):
 
 def test_status_tells_a_failing_store_as_degraded(server, baseline):
     """Every key fails while whole calls succeed (so the breaker stays
-    closed): requests fail and written-behind blocks are lost in the
-    status's window."""
+    closed): the requests in the status's window fail. `--watch`: its first
+    report comes once it has read the page, so the request is sent inside
+    the second report's window."""
     server.probe("failing", {"params": "fail_rate=0&key_fail_rate=1.0&latency=0ms"})
-    watcher = subprocess.Popen(status_command(server, "--interval", "8"), stdout=subprocess.PIPE, text=True)
+    watcher = subprocess.Popen(
+        status_command(server, "--watch", "8", "--count", "2"), stdout=subprocess.PIPE, text=True
+    )
     try:
-        time.sleep(2)  # its first reading, then a request in its window
+        assert watcher.stdout is not None
+        first = watcher.stdout.readline()
+        assert json.loads(first)["window_s"] is None, first  # since start: the flaky phase's failures too
         out = server.complete(PROMPTS["p4"])
         assert_same_output(out, baseline["p4"], "p4 with every key failing")
-        stdout, _ = watcher.communicate(timeout=60)
+        rest, _ = watcher.communicate(timeout=60)
     finally:
         watcher.kill()
-    report = json.loads(stdout)
-    assert watcher.returncode == DEGRADED, report
+    report = json.loads(rest.splitlines()[-1])
+    assert watcher.returncode == DEGRADED, rest
     (rank,) = report["ranks"]
-    assert rank["state"] == "open" and rank["error_rate"] > 0.05, rank
+    assert rank["state"] == "open" and rank["error_rate"] > 0.05 and report["window_s"] > 0, rank
