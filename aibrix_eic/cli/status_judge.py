@@ -11,10 +11,12 @@ A rank is
 - down (exit 3): its circuit breaker is open (EIC unreachable or failing
   whole calls: requests fail fast, vLLM computes everything), or its
   connector was closed;
-- degraded (exit 1): over 5 % of its requests failed or hit
-  their deadline in the window, or of the blocks write-behind accepted were
-  lost, or the breaker opened (and closed again) within the window, or
-  AIBrix sent requests the connector refused as invalid;
+- degraded (exit 1): in the window, over 5 % of its get, put and delete
+  requests failed or hit their deadline (not exists: AIBrix makes many
+  exists calls per prompt, 31 for a 31-block one in the e2e suite, which
+  would dilute a failing store's share), or over 5 % of the blocks
+  write-behind accepted were lost, or the breaker opened and closed again,
+  or AIBrix sent requests the connector refused as invalid;
 - healthy (exit 0) otherwise, with or without traffic.
 No series at all (metrics off, PROMETHEUS_MULTIPROC_DIR unset and no
 metrics_port, or not our server) and an unreadable source exit 4. Exit 2
@@ -30,7 +32,7 @@ HEALTHY, DEGRADED, DOWN, UNREACHABLE = 0, 1, 3, 4
 VERDICTS = {HEALTHY: "healthy", DEGRADED: "degraded", DOWN: "down", UNREACHABLE: "unreachable"}
 # The docstring's 5 %: the alerts' threshold (deploy/monitoring: AIBrixEICTimeoutsRising, AIBrixEICWriteBehindLosing).
 DEGRADED_FRACTION = 0.05
-_FAILED = ("error", "timeout")
+DATA_OPS = ("get", "put", "delete")
 
 
 @dataclass
@@ -48,7 +50,7 @@ class RankReport:
     hit_rate: float | None  # hit / asked blocks in the window; None without gets
     hit_rate_total: float | None  # since the worker started
     bytes_loaded: float
-    requests: float  # in the window, without invalid and fast_fail
+    requests: float  # get, put and delete requests in the window, without invalid and fast_fail
     error_rate: float | None  # error / requests
     timeout_rate: float | None
     fast_fails: float
@@ -113,13 +115,15 @@ def judge_rank(now: Scrape, before: Scrape | None, rank: Rank, seconds: float | 
     get_blocks = d("aibrix_eic_blocks_total", op="get")
     hits = d("aibrix_eic_blocks_total", op="get", outcome="hit")
     total_gets = now.value("aibrix_eic_blocks_total", rank, op="get") or 0.0
-    requests_by_outcome = {
-        outcome: d("aibrix_eic_requests_total", outcome=outcome)
-        for outcome in now.label_values("aibrix_eic_requests_total", "outcome", rank)
+    outcomes = now.label_values("aibrix_eic_requests_total", "outcome", rank)
+    fast_fails = d("aibrix_eic_requests_total", outcome="fast_fail")  # every op, exists too
+    invalid = d("aibrix_eic_requests_total", outcome="invalid")
+    # Data requests only: exists() is counted per call, one per block
+    # AIBrix asks about, and would dilute the failures of a failing store.
+    data = {
+        outcome: sum(d("aibrix_eic_requests_total", op=op, outcome=outcome) for op in DATA_OPS) for outcome in outcomes
     }
-    fast_fails = requests_by_outcome.get("fast_fail", 0.0)
-    invalid = requests_by_outcome.get("invalid", 0.0)
-    requests = sum(requests_by_outcome.values()) - fast_fails - invalid
+    requests = sum(data.values()) - data.get("fast_fail", 0.0) - data.get("invalid", 0.0)
     accepted = d("aibrix_eic_write_behind_blocks_total", outcome="accepted")
     lost = d("aibrix_eic_write_behind_blocks_total", outcome="lost")
     report = RankReport(
@@ -139,8 +143,8 @@ def judge_rank(now: Scrape, before: Scrape | None, rank: Rank, seconds: float | 
         ),
         bytes_loaded=d("aibrix_eic_bytes_total", direction="in"),
         requests=requests,
-        error_rate=_fraction(requests_by_outcome.get("error", 0.0), requests),
-        timeout_rate=_fraction(requests_by_outcome.get("timeout", 0.0), requests),
+        error_rate=_fraction(data.get("error", 0.0), requests),
+        timeout_rate=_fraction(data.get("timeout", 0.0), requests),
         fast_fails=fast_fails,
         invalid=invalid,
         write_behind_pending_bytes=now.value("aibrix_eic_write_behind_pending_bytes", rank),

@@ -121,6 +121,16 @@ def test_errors_in_the_window_degrade_but_old_ones_do_not():
     assert recovered.code == HEALTHY
 
 
+def test_exists_calls_do_not_dilute_failing_gets():
+    """As in the e2e suite: one get failing, with the 31 exists calls AIBrix
+    made for its prompt's blocks in the same window."""
+    exists = f'aibrix_eic_requests_total{{{RANK},op="exists",outcome="hit"}} '
+    before = page(gets=1).replace("# TYPE aibrix_eic_blocks", exists + "0\n# TYPE aibrix_eic_blocks")
+    after = page(gets=1, errors=1).replace("# TYPE aibrix_eic_blocks", exists + "31\n# TYPE aibrix_eic_blocks")
+    report = two(before, after)
+    assert report.code == DEGRADED and report.ranks[0].requests == 1 and report.ranks[0].error_rate == 1.0
+
+
 def test_timeouts_lost_writes_and_flapping_breaker_degrade():
     assert two(page(gets=10), page(gets=20, timeouts=2)).code == DEGRADED
     lost = two(page(accepted=100), page(accepted=200, lost=20))
