@@ -179,6 +179,7 @@ class ConnectorLifecycle(Connector[bytes, torch.Tensor]):
                     self._link.session is not None,
                 )
                 announce(self._identity, self._config)
+                self._metrics.opened(self._identity.token)
             return status
         except Exception as e:
             return Status(StatusCodes.ERROR, f"EIC open failed: {e!r}")

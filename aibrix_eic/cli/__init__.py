@@ -3,6 +3,7 @@
     aibrix-eic check [--config FILE] [--json]    is the connector ready? (exit 1 if not)
     aibrix-eic check --config-only --config FILE    is this config valid? (no connection)
     aibrix-eic bench [--config FILE]    offload/reload through AIBrix's cache manager
+    aibrix-eic status [URL] [--json] [--watch S]    what a running vLLM server's connectors do
 
 Argument parsing only; each command lives in its own module and is imported
 when chosen, so `--help` stays fast.
@@ -66,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check and benchmark the EIC L2 connector for AIBrix KV-cache offloading.",
     )
     parser.add_argument("--version", action="version", version=version_line())
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{check,bench}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{check,bench,status}")
 
     config_help = (
         "the connector's YAML config (default: $AIBRIX_KV_CACHE_OL_EIC_CONFIG, else "
@@ -144,7 +145,47 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--plot", metavar="PNG", help="draw throughput and latency plots into this file")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.add_argument("-v", "--verbose", action="store_true", help="show library logs")
+    _add_status(commands)
     return parser
+
+
+def _add_status(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    from .status_judge import __doc__ as exit_codes
+
+    status = commands.add_parser(
+        "status",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="read a running vLLM server's EIC connectors from its metrics",
+        description="Read a running vLLM server's aibrix_eic_* series (its /metrics, or the "
+        "PROMETHEUS_MULTIPROC_DIR its workers write) twice, --interval apart, and report per TP "
+        "rank: state, hit rate, errors, timeouts, write-behind, the embedded store; then a verdict.",
+        epilog=(exit_codes or "").split("\n\n", 1)[-1],
+    )
+    status.add_argument(
+        "url",
+        nargs="?",
+        default="http://127.0.0.1:8000/metrics",
+        help="the server's /metrics URL, or host:port (default http://127.0.0.1:8000/metrics)",
+    )
+    status.add_argument(
+        "--multiproc-dir",
+        metavar="DIR",
+        help="read the workers' series from this PROMETHEUS_MULTIPROC_DIR instead of a URL (on the pod)",
+    )
+    status.add_argument(
+        "--interval",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="seconds between the two readings that rates come from (default 2; 0: one reading, "
+        "rates since the workers started)",
+    )
+    status.add_argument(
+        "--watch", type=float, metavar="S", help="report every S seconds, rates since the last report, until Ctrl-C"
+    )
+    status.add_argument("--count", type=_whole_number(1), metavar="N", help="with --watch: stop after N reports")
+    status.add_argument("--timeout", type=float, default=5.0, metavar="S", help="HTTP timeout (default 5)")
+    status.add_argument("--json", action="store_true", help="one JSON document per report")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -152,6 +193,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "check":
         return _check(args)
+    if args.command == "status":  # reads metrics only: no AIBrix, no torch
+        from .status import run_status
+
+        return run_status(args, sys.stdout)
 
     from .runtime import library_logs, prepare_aibrix
 

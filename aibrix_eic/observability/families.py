@@ -116,6 +116,14 @@ class _Families:
             multiprocess_mode="mostrecent",
         )
         self.breaker_trips = Counter("aibrix_eic_breaker_trips", "Times the circuit breaker opened.", LABELS)
+        # What `aibrix-eic status` reads a rank's state and key identity
+        # from; "live": a dead worker's series leave vLLM's /metrics.
+        self.connector_open = Gauge(
+            "aibrix_eic_connector_open",
+            "1 from a successful open() to close(), then 0; `identity` is the model identity in the keys.",
+            (*LABELS, "identity"),
+            multiprocess_mode="livemostrecent",
+        )
         self.sdk_calls_in_flight = Gauge(
             "aibrix_eic_sdk_calls_in_flight",
             f"SDK calls running (sampled every {SAMPLE_INTERVAL_S:g} s).",

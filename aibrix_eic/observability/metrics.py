@@ -141,6 +141,7 @@ class ConnectorMetrics:
             **self._exists_reasks,
         }
         self._registered = f.registered_bytes.labels(*labels)
+        self._open: Any = None  # bound at open(), with the identity label
         self._breaker_open.set(0)
         self._registered.set(0)
 
@@ -270,8 +271,15 @@ class ConnectorMetrics:
     def registered(self, nbytes: int) -> None:
         self._registered.set(nbytes)
 
+    def opened(self, identity: str) -> None:
+        """open() succeeded; `identity`: the model identity token in the keys."""
+        self._open = families().connector_open.labels(*self.labels.values(), identity)
+        self._open.set(1)
+
     def closed(self) -> None:
         """The connector closed: nothing registered, no breaker to alert on."""
+        if self._open is not None:
+            self._open.set(0)
         self._registered.set(0)
         self._breaker_open.set(0)
         self.publish()
@@ -348,6 +356,9 @@ class NoMetrics:
         pass
 
     def registered(self, nbytes: int) -> None:
+        pass
+
+    def opened(self, identity: str) -> None:
         pass
 
     def closed(self) -> None:

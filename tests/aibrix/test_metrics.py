@@ -233,7 +233,8 @@ def test_labels_name_eic_namespace_model_and_partition_never_a_key(scraped_manag
     assert ours
     label_names = {name for labels in ours for name, _ in labels}
     assert {"eic_namespace", "model", "partition"} <= label_names
-    assert label_names <= {"eic_namespace", "model", "partition", "op", "outcome", "direction", "le"}
+    # identity: the model identity token (connector_open), the same for every key of a connector
+    assert label_names <= {"eic_namespace", "model", "partition", "op", "outcome", "direction", "le", "identity"}
     # Not `namespace`: Prometheus attaches the pod's Kubernetes namespace under
     # that name when it scrapes, and the Prometheus Operator renames a clashing
     # series label to exported_namespace (docs/operations.md#metrics).

@@ -562,6 +562,7 @@ def exported_series() -> dict[str, set[str]]:
 
     connector_metrics = ConnectorMetrics("deploy-test", "", "h0_0_l0_0")
     connector_metrics.watch_store_usage(lambda: StoreUsage(1, 2, 0))  # as the embedded engine reports it
+    connector_metrics.opened("identity-token")  # the open gauge exists from open() on
     connector_metrics.publish()
     series: dict[str, set[str]] = {}
     for family in REGISTRY.collect():

@@ -33,6 +33,7 @@ EXTERNAL = {
     # files of other repositories, named where the docs compare with them
     "eic.py": "AIBrix, python/aibrix_kvcache/aibrix_kvcache/l2/connectors/eic/eic.py",
     "test_l2cache.py": "AIBrix's tests (python/aibrix_kvcache/tests)",
+    "aibrix_offloading_connector_type1.py": "aibrix-kvcache, aibrix_kvcache/integration/vllm/kv_connector/",
     "test_cache_manager.py": "AIBrix's tests (python/aibrix_kvcache/tests)",
     "eic_storage.py": "SGLang, python/sglang/srt/mem_cache/storage/eic/eic_storage.py",
     "eic_connector.py": "LMCache, lmcache/v1/storage_backend/connector/eic_connector.py",
@@ -53,6 +54,7 @@ EXTERNAL_IN_CODE = {
     "retry.py": "redis-py",
     "backoff.py": "redis-py",
     "prometheus.py": "vLLM, vllm/v1/metrics/prometheus.py",
+    "loggers.py": "vLLM, vllm/v1/metrics/loggers.py (the external prefix cache counters and log line)",
     "shm_broadcast.py": "vLLM, vllm/distributed/device_communicators/shm_broadcast.py",
 }
 # Files our code writes at run time, named in its comments.
