@@ -143,27 +143,32 @@ class EICConfig:
         node_checks: bool,
     ) -> "EICConfig":
         """Check every key, then the keys together; raise all problems at once."""
-        values: dict[str, Any] = {}
-        for key, raw in data.items():
-            if not isinstance(key, str):
-                problems.append(Problem(repr(key), "keys must be names", "write the key as a name, such as eic_kv_ns"))
-                continue
-            line = lines.get(key)
-            if key not in KEY_CHECKS:
-                problems.append(_unknown_key(key, line))
-            else:
-                try:
-                    values[key] = KEY_CHECKS[key](source, key, raw, BOUNDS.get(key))
-                except ConfigError as e:
-                    problems.append(Problem(key, e.problem, e.fix or _value_fix(key), line))
+        values = _checked_values(data, source, lines, problems)
         config = cls(source=source, lines=dict(lines), **values)
+        return config._raise_problems(problems, node_checks)
+
+    def overridden(self, data: Mapping[Any, Any], source: str) -> "EICConfig":
+        """This config with the keys of `data` in place of its own (vLLM's
+        secondary_tiers entry over the file), each key checked as in a file
+        and the keys checked together; every problem in one ConfigError
+        naming both sources."""
+        problems: list[Problem] = []
+        values = _checked_values(data, source, {}, problems)
+        both = source if self.source == DEFAULT_SOURCE else f"{self.source} + {source}"
+        lines = {key: line for key, line in self.lines.items() if key not in data}  # the file's lines still true
+        merged = dataclasses.replace(self, source=both, lines=lines, **values)
+        return merged._raise_problems(problems, node_checks=bool(values))
+
+    def _raise_problems(self, problems: list[Problem], node_checks: bool) -> "EICConfig":
+        """Add the combination (and node) problems to `problems`; raise them all, or return self."""
+        config = self
         failed = {problem.key for problem in problems}
         found = config._combination_problems() + (node_problems(config) if node_checks else [])
         for problem in found:
             if problem.key not in failed and _DEPENDS_ON.get(problem.key or "") not in failed:
                 problems.append(problem)
         if problems:
-            raise ConfigError.of(source, sorted(problems, key=lambda p: p.line or 0))
+            raise ConfigError.of(self.source, sorted(problems, key=lambda p: p.line or 0))
         return config
 
     # ---------------------------------------------------------- validation
@@ -271,6 +276,26 @@ _DEPENDS_ON = {
     "eic_instance_id": "remote_url",
 }
 _FIELDS = {f.name: f for f in dataclasses.fields(EICConfig) if "check" in f.metadata}
+
+
+def _checked_values(
+    data: Mapping[Any, Any], source: str, lines: Mapping[str, int], problems: list[Problem]
+) -> dict[str, Any]:
+    """Each key of `data` checked alone: the values, with every problem appended to `problems`."""
+    values: dict[str, Any] = {}
+    for key, raw in data.items():
+        if not isinstance(key, str):
+            problems.append(Problem(repr(key), "keys must be names", "write the key as a name, such as eic_kv_ns"))
+            continue
+        line = lines.get(key)
+        if key not in KEY_CHECKS:
+            problems.append(_unknown_key(key, line))
+        else:
+            try:
+                values[key] = KEY_CHECKS[key](source, key, raw, BOUNDS.get(key))
+            except ConfigError as e:
+                problems.append(Problem(key, e.problem, e.fix or _value_fix(key), line))
+    return values
 
 
 def config_path_from_env(environ: Mapping[str, str] | None = None) -> str:
