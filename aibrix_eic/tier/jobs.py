@@ -20,6 +20,7 @@ No vLLM import here: the manager (manager.py) turns `Finished` into vLLM's
 JobResult.
 """
 
+import functools
 import logging
 import queue
 import threading
@@ -105,13 +106,17 @@ class Transfers:
         for start, end in spans:
             try:
                 future = pool.submit(
-                    self._call, job, session.client, list(eic_keys[start:end]), list(buffers[start:end]),
+                    self._call,
+                    job,
+                    session.client,
+                    list(eic_keys[start:end]),
+                    list(buffers[start:end]),
                     priority=op.priority,
                 )
             except RuntimeError:  # the pool was shut down: this span never runs
                 self._call_done(job, start, None)
                 continue
-            future.add_done_callback(lambda f, job=job, start=start: self._call_done(job, start, f))
+            future.add_done_callback(functools.partial(self._call_done, job, start))
 
     def finished(self) -> list[Finished]:
         """Jobs that finished since the last call."""

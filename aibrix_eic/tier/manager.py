@@ -81,13 +81,19 @@ class EICSecondaryTier(SecondaryTierManager):
         route_to_vllm()
         config = tier_config(entry, tier_type)  # ConfigError: vLLM does not start, with our message
         self._config = config
-        self.locality = Locality(locality) if locality else (Locality.LOCAL if config.uses_embedded_engine else Locality.REMOTE)
+        self.locality = (
+            Locality(locality) if locality else (Locality.LOCAL if config.uses_embedded_engine else Locality.REMOTE)
+        )
         identity = resolve_identity(config.model_id)
         self._codec: KeyCodec = tier_codec(
-            config.eic_kv_ns, identity.token, layout_text(offloading_spec.config, self.block_size_bytes, config.model_id)
+            config.eic_kv_ns,
+            identity.token,
+            layout_text(offloading_spec.config, self.block_size_bytes, config.model_id),
         )
         self._counters = Counters(for_connector(config, METRICS_CONN_ID))
-        self._link = Link(config, load_sdk_module(config), self._codec.prefix, self._counters, RateLimitedLogger(logger))
+        self._link = Link(
+            config, load_sdk_module(config), self._codec.prefix, self._counters, RateLimitedLogger(logger)
+        )
         view = np.frombuffer(primary_kv_view, dtype=np.uint8)
         self._base = int(view.ctypes.data)
         self._link.register([(self._base, view.nbytes)], None)  # once: the view lives as long as the process

@@ -65,7 +65,11 @@ class Rig:
     def __init__(self, **entry: object) -> None:
         self.store_name = f"tier-contract-{uuid.uuid4().hex[:12]}"
         self.region = SharedOffloadRegion(
-            engine_id=uuid.uuid4().hex, num_chunks=NUM_CHUNKS, rank=None, kv_bytes_per_chunk=CHUNK_BYTES, cpu_page_size=CHUNK_BYTES
+            engine_id=uuid.uuid4().hex,
+            num_chunks=NUM_CHUNKS,
+            rank=None,
+            kv_bytes_per_chunk=CHUNK_BYTES,
+            cpu_page_size=CHUNK_BYTES,
         )
         self.primary = CPUPrimaryTierOffloadingManager(num_chunks=NUM_CHUNKS, mmap_region=self.region)
         config = {
@@ -211,7 +215,9 @@ class TierContract(RuleBasedStateMachine):
     def stored_keys_come_back(self, data: st.DataObject) -> None:
         """Liveness: once the breaker is closed again, a key stored while the
         engine was healthy is found, from EIC if the primary lost it."""
-        wait_until(lambda: self.rig.tier.link.breaker.snapshot().state.value == "closed", SETTLE_S, "the breaker closed")
+        wait_until(
+            lambda: self.rig.tier.link.breaker.snapshot().state.value == "closed", SETTLE_S, "the breaker closed"
+        )
         key = data.draw(st.sampled_from(sorted(self.stored_healthy)))
         self.rig.manager.reset_cache()
         assert self.rig.load([key])[key] is LookupResult.HIT
