@@ -35,10 +35,15 @@ def tier_config(entry: Mapping[str, Any], tier_type: str, environ: Mapping[str, 
 
 def describe_source(entry: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> str:
     """Where the config came from, for the log line at start."""
+    parts = []
     if entry.get(CONFIG_FILE):
-        return f"{CONFIG_FILE}={entry[CONFIG_FILE]}"
-    path = config_path_from_env(environ)
-    return f"{ENV_CONFIG}={path}" if path else "defaults (local://, this process only)"
+        parts.append(f"{CONFIG_FILE}={entry[CONFIG_FILE]}")
+    elif config_path_from_env(environ):
+        parts.append(f"{ENV_CONFIG}={config_path_from_env(environ)}")
+    inline = sorted(key for key in entry if key != CONFIG_FILE)
+    if inline:
+        parts.append(f"the secondary_tiers entry ({', '.join(inline)})")
+    return " + ".join(parts) or "defaults (local://, this process only)"
 
 
 def layout_text(offloading_config: Any, chunk_bytes: int, model_id: str | None) -> str:
