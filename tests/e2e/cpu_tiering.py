@@ -27,9 +27,9 @@ import time
 import numpy as np
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
+from vllm.v1.kv_offload.base import TransferResult
 from vllm.v1.kv_offload.cpu import gpu_worker
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
-from vllm.v1.kv_offload.base import TransferResult
 
 
 class _CpuHandler:
