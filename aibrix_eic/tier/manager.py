@@ -15,7 +15,7 @@ by get_finished_jobs. drain_jobs and shutdown wait, with a bound, for calls
 already running; they never abandon one that may still touch the memoryview.
 
 The interface is vLLM's `SecondaryTierManager` as in vLLM 0.32
-(vllm/v1/kv_offload/tiering/base.py); docs/vllm.md#eic-as-a-secondary-tier.
+(https://github.com/vllm-project/vllm/blob/v0.32.0/vllm/v1/kv_offload/tiering/base.py); docs/vllm.md#eic-as-a-secondary-tier.
 """
 
 import logging

@@ -1,6 +1,6 @@
 """Which keys EIC holds: one batched mexist round for the tier's lookups.
 
-It runs on vLLM's lookup thread (vllm/v1/kv_offload/tiering/async_lookup.py
+It runs on vLLM's lookup thread (https://github.com/vllm-project/vllm/blob/v0.32.0/vllm/v1/kv_offload/tiering/async_lookup.py
 calls it with one step's keys of one request), never on the scheduler's,
 and answers within `exists_timeout_ms`: the mexist calls go to the link's
 metadata pool through `Link.call` (counted, observed by the breaker), and a
