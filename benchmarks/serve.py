@@ -621,7 +621,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--goodput", nargs="+", default=DEFAULT_GOODPUT, help="vLLM's KEY:ms pairs")
     parser.add_argument("--l1-gb", type=float, default=2.0, help="eic-default's L1 capacity")
     parser.add_argument("--evicted-l1-gb", type=float, default=0.5, help="eic-evicted's L1 capacity")
-    parser.add_argument("--tier-cpu-mib", type=int, default=64, help="tier and vllm-fs: vLLM's CPU primary tier")
+    parser.add_argument(
+        "--tier-cpu-mib",
+        type=int,
+        default=512,
+        help="tier and vllm-fs: vLLM's CPU primary tier; a third of the default workload's 1.5 GiB of KV, "
+        "enough for the blocks of the requests in flight",
+    )
     parser.add_argument("--vllm-cpu-mib", type=int, default=4096, help="vllm-cpu: vLLM's CPU primary tier")
     parser.add_argument("--runs", type=int, default=1, help="repeat the chosen phases N times, consecutively")
     parser.add_argument("--passes", type=int, default=2, choices=(2, 3), help="3: a third pass, after HOT ingestion")

@@ -28,6 +28,7 @@ from server import ENGINE_BLOCK, Server
 STORE = "tier"
 FULL_BLOCKS = FULL_REUSE // ENGINE_BLOCK
 STORED_WITHIN_S = 30.0
+TIER_LABEL = "1:EICSecondaryTier"  # vLLM's `tier` label: position among the secondary tiers, then type
 TIER = {"type": "EICSecondaryTier", "module_path": "aibrix_eic.tier.manager"}
 
 
@@ -90,6 +91,22 @@ def test_a_second_replica_reuses_the_first_replicas_kv(replicas, baseline):
     read = hits(b) - before
     assert read >= 0.95 * FULL_BLOCKS, f"{read} of {FULL_BLOCKS} full blocks read from EIC"
     assert_same_output(reload, baseline["p1"], "the second replica's reload")
+    assert tier_read_bytes(b) > 0, "vLLM's per-tier series on /metrics show no read from our tier"
+
+
+def tier_read_bytes(server: Server) -> float:
+    """vLLM's own kv_offload_tiering_read_bytes for our tier, from /metrics
+    (vLLM publishes its stats every few seconds: polled, bounded)."""
+    deadline = time.monotonic() + STORED_WITHIN_S
+    while True:
+        value = sum(
+            v
+            for (name, labels), v in server.metrics().items()
+            if name.startswith("vllm:kv_offload_tiering_read_bytes") and dict(labels).get("tier") == TIER_LABEL
+        )
+        if value > 0 or time.monotonic() >= deadline:
+            return value
+        time.sleep(0.5)
 
 
 def test_a_poisoned_store_changes_what_the_other_replica_reads(replicas, baseline):
