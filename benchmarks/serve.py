@@ -50,6 +50,12 @@ server at a time, so none steals another's cores. Phases:
   its per-block L2 puts cost with a backend that does no I/O; and
   `eic-all`, `eic-default` with ingestion `ALL` (L2 written when L1 is,
   in pass 1, not on a block's first L1 hit).
+- controls for vLLM's own tiered offloading (OffloadingConnector with
+  TieringOffloadingSpec, through tests/e2e/cpu_tiering.py): `tier`, our
+  EICSecondaryTier (aibrix_eic/tier/) on the embedded engine behind a CPU
+  primary tier of --tier-cpu-mib; `vllm-fs`, vLLM's own `fs` tier on this
+  node's disk behind the same primary; `vllm-cpu`, the CPU primary tier
+  alone, --vllm-cpu-mib. Ratios `tier_over_vllm_fs`, `tier_over_vllm_cpu`.
 
 Workload (the defaults): 16 random prompts of 2,000 tokens, 24 output
 tokens, request rate 4/s (Poisson), at most 4 in flight, seed 0, sent twice
@@ -114,7 +120,11 @@ BATCHED_LOG_LINE = "AIBrix's synchronous L1 ingestion is batched"
 PHASES = ("plain", "eic", "eic-default", "eic-default-stock", "eic-evicted", "upstream", "vllm-prefix", "type2", "pd")
 NO_EIC_CONTROLS = ("mock", "l1-only", "mock-default")  # AIBrix's MOCK backend, or no L2
 PD_PHASES = ("pd", "pd-pressure")
-CONTROLS = (*NO_EIC_CONTROLS, "eic-all", "pd-pressure")  # run only when named in --phases
+# vLLM's own tiered offloading (OffloadingConnector + TieringOffloadingSpec,
+# tests/e2e/cpu_tiering.py's CPU copies): our secondary tier, vLLM's fs
+# tier, the CPU primary tier alone
+TIER_PHASES = ("tier", "vllm-fs", "vllm-cpu")
+CONTROLS = (*NO_EIC_CONTROLS, "eic-all", "pd-pressure", *TIER_PHASES)  # run only when named in --phases
 DEFAULT_GOODPUT = ["ttft:2000", "tpot:1000"]
 # The e2e probe (tests/e2e/probe) snapshots the engine's counters in every
 # server that loads it; at its test interval of 0.2 s it took about 4 s of
@@ -167,6 +177,10 @@ def phase_server(name: str, model_dir: Path, workdir: Path, args: argparse.Names
     phase_dir.mkdir(parents=True, exist_ok=True)
     prefault = getattr(args, "prefault", None)
     store = f"local://serve-{name}?capacity=8GiB" + (f"&prefault={prefault}" if prefault else "")
+    if name in TIER_PHASES:
+        return Server(
+            name, model_dir, workdir, connector=False, env=env, args=tiering_args(name, phase_dir, store, args)
+        )
     if name in NO_EIC_CONTROLS:
         env.update(
             {
@@ -204,6 +218,29 @@ def phase_server(name: str, model_dir: Path, workdir: Path, args: argparse.Names
             }
         )
     return Server(name, model_dir, workdir, connector=True, env=env, kv_transfer=TYPE2_CPU if name == "type2" else None)
+
+
+def tiering_args(name: str, phase_dir: Path, store: str, args: argparse.Namespace) -> list[str]:
+    """vLLM's flag for a TIER_PHASES server. `tier` and `vllm-fs` keep a CPU
+    primary tier of --tier-cpu-mib, smaller than the workload's KV, so pass
+    2's reloads come mostly from the secondary tier; `vllm-cpu` has no
+    secondary tier and a primary of --vllm-cpu-mib that holds it all."""
+    extra: dict = {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": args.tier_cpu_mib << 20}
+    if name == "tier":
+        extra["secondary_tiers"] = [
+            {"type": "EICSecondaryTier", "module_path": "aibrix_eic.tier.manager", "remote_url": store}
+        ]
+    elif name == "vllm-fs":
+        extra["secondary_tiers"] = [{"type": "fs", "root_dir": str(phase_dir / "fs")}]
+    else:
+        extra["cpu_bytes_to_use"] = args.vllm_cpu_mib << 20
+    kv = {
+        "kv_connector": "CPUOffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_module_path": "cpu_tiering",
+        "kv_connector_extra_config": extra,
+    }
+    return ["--kv-transfer-config", json.dumps(kv)]
 
 
 def upstream_env(phase_dir: Path, store: str) -> dict[str, str]:
@@ -514,6 +551,9 @@ def ratios(results: dict) -> dict:
         "plain_over_eic": ("plain", "eic"),
         "type2_over_eic": ("type2", "eic"),
         "type2_over_vllm_prefix": ("type2", "vllm-prefix"),
+        "tier_over_vllm_fs": ("tier", "vllm-fs"),
+        "tier_over_vllm_cpu": ("tier", "vllm-cpu"),
+        "tier_over_eic": ("tier", "eic"),
     }
     out = {}
     for label, (a, b) in pairs.items():
@@ -604,6 +644,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--l1-gb", type=float, default=2.0, help="eic-default's L1 capacity")
     parser.add_argument("--evicted-l1-gb", type=float, default=0.5, help="eic-evicted's L1 capacity")
     parser.add_argument("--decoder-blocks", type=int, default=130, help="pd-pressure's decoder KV cache, in blocks")
+    parser.add_argument(
+        "--tier-cpu-mib",
+        type=int,
+        default=512,
+        help="tier and vllm-fs: vLLM's CPU primary tier; a third of the default workload's 1.5 GiB of KV, "
+        "enough for the blocks of the requests in flight",
+    )
+    parser.add_argument("--vllm-cpu-mib", type=int, default=4096, help="vllm-cpu: vLLM's CPU primary tier")
     parser.add_argument("--runs", type=int, default=1, help="repeat the chosen phases N times, consecutively")
     parser.add_argument("--passes", type=int, default=2, choices=(2, 3), help="3: a third pass, after HOT ingestion")
     parser.add_argument(

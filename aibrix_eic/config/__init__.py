@@ -158,19 +158,7 @@ class EICConfig:
         overrides = overrides or {}
         data = {key: raw for key, raw in data.items() if key not in overrides}
         lines = {key: line for key, line in lines.items() if key not in overrides}
-        values: dict[str, Any] = {}
-        for key, raw in data.items():
-            if not isinstance(key, str):
-                problems.append(Problem(repr(key), "keys must be names", "write the key as a name, such as eic_kv_ns"))
-                continue
-            line = lines.get(key)
-            if key not in KEY_CHECKS:
-                problems.append(_unknown_key(key, line))
-            else:
-                try:
-                    values[key] = KEY_CHECKS[key](source, key, raw, BOUNDS.get(key))
-                except ConfigError as e:
-                    problems.append(Problem(key, e.problem, e.fix or _value_fix(key), line))
+        values = _checked_values(data, source, lines, problems)
         for key, raw in overrides.items():
             try:
                 values[key] = KEY_CHECKS[key](source, key, raw, BOUNDS.get(key))
@@ -178,14 +166,34 @@ class EICConfig:
                 problems.append(Problem(key, e.problem, _variable_fix(key), variable=env_variable(key)))
         overridden_by = tuple(env_variable(key) for key in overrides)
         config = cls(source=source, lines=dict(lines), overridden_by=overridden_by, **values)
+        return config._raise_problems(problems, node_checks)
+
+    def overridden(self, data: Mapping[Any, Any], source: str) -> "EICConfig":
+        """This config with the keys of `data` in place of its own (vLLM's
+        secondary_tiers entry over the file and the AIBRIX_EIC_<KEY>
+        variables), each key checked as in a file and the keys checked
+        together; every problem in one ConfigError naming both sources."""
+        problems: list[Problem] = []
+        values = _checked_values(data, source, {}, problems)
+        both = source if self.source == DEFAULT_SOURCE else f"{self.source} + {source}"
+        lines = {key: line for key, line in self.lines.items() if key not in data}  # the file's lines still true
+        replaced = {env_variable(key) for key in values}
+        overridden_by = tuple(variable for variable in self.overridden_by if variable not in replaced)
+        merged = dataclasses.replace(self, source=both, lines=lines, overridden_by=overridden_by, **values)
+        return merged._raise_problems(problems, node_checks=bool(values))
+
+    def _raise_problems(self, problems: list[Problem], node_checks: bool) -> "EICConfig":
+        """Add the combination (and node) problems to `problems`; raise them all, or return self."""
+        config = self
         failed = {problem.key for problem in problems}
         found = config._combination_problems() + (node_problems(config) if node_checks else [])
         for problem in found:
             if problem.key not in failed and _DEPENDS_ON.get(problem.key or "") not in failed:
-                variable = env_variable(problem.key) if problem.key and problem.key in overrides else None
+                overridden = problem.key and env_variable(problem.key) in self.overridden_by
+                variable = env_variable(problem.key) if overridden else None
                 problems.append(dataclasses.replace(problem, variable=variable))
         if problems:
-            raise ConfigError.of(source, sorted(problems, key=lambda p: p.line or 0))
+            raise ConfigError.of(self.source, sorted(problems, key=lambda p: p.line or 0))
         return config
 
     # ---------------------------------------------------------- validation
@@ -309,6 +317,26 @@ def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     such as AIBRIX_EIC_DISABLE_AUTOLOAD) are not config and not refused."""
     env = os.environ if environ is None else environ
     return {key: env[env_variable(key)] for key in KEY_CHECKS if env_variable(key) in env}
+
+
+def _checked_values(
+    data: Mapping[Any, Any], source: str, lines: Mapping[str, int], problems: list[Problem]
+) -> dict[str, Any]:
+    """Each key of `data` checked alone: the values, with every problem appended to `problems`."""
+    values: dict[str, Any] = {}
+    for key, raw in data.items():
+        if not isinstance(key, str):
+            problems.append(Problem(repr(key), "keys must be names", "write the key as a name, such as eic_kv_ns"))
+            continue
+        line = lines.get(key)
+        if key not in KEY_CHECKS:
+            problems.append(_unknown_key(key, line))
+        else:
+            try:
+                values[key] = KEY_CHECKS[key](source, key, raw, BOUNDS.get(key))
+            except ConfigError as e:
+                problems.append(Problem(key, e.problem, e.fix or _value_fix(key), line))
+    return values
 
 
 def config_path_from_env(environ: Mapping[str, str] | None = None) -> str:

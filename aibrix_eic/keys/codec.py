@@ -19,6 +19,13 @@ Distinct (ns, conn, model) triples give distinct prefixes because escaping
 is injective and ``.`` separates the fields, so partitions, namespaces and
 models can only collide through a BLAKE2b collision of an over-long field.
 Keys use only ``[A-Za-z0-9_~.-]`` and are at most MAX_KEY_LEN characters.
+
+vLLM's secondary tier (aibrix_eic/tier/) stores a chunk of vLLM's CPU
+offload layout, not AIBrix's block layout, so its keys must never be read by
+an AIBrix connector or the other way round: `tier_codec` puts ``~t`` and a
+layout digest in the conn field. An escaped field never starts with ``~t``
+(escape_field writes ``~`` only before two hex digits or ``h``), so no tier
+key equals any AIBrix key, whatever the conn_id.
 """
 
 import hashlib
@@ -71,11 +78,12 @@ class KeyCodec:
     """Encodes the keys of one connector: one conn_id, one namespace, one
     model identity. The fields are escaped once, here, into `prefix`."""
 
-    def __init__(self, conn_id: str, namespace: str = "", identity: str = "") -> None:
+    def __init__(self, conn_id: str, namespace: str = "", identity: str = "", *, conn_field: str | None = None) -> None:
         self.conn_id = conn_id
         self.namespace = namespace
         self.identity = identity
-        self.prefix = f"{VERSION}.{escape_field(namespace)}.{escape_field(conn_id)}.{escape_field(identity)}."
+        conn = escape_field(conn_id) if conn_field is None else conn_field
+        self.prefix = f"{VERSION}.{escape_field(namespace)}.{conn}.{escape_field(identity)}."
 
     def encode(self, key: bytes) -> str:
         if len(key) <= RAW_MAX:
@@ -91,6 +99,19 @@ class KeyCodec:
             else prefix_hashed + blake2b(key, digest_size=KEY_DIGEST_BYTES).hexdigest()
             for key in keys
         ]
+
+
+TIER_MARK = "~t"  # no escaped field starts with it: see the module docstring
+LAYOUT_DIGEST_BYTES = 12
+
+
+def tier_codec(namespace: str, identity: str, layout: str) -> KeyCodec:
+    """The codec of vLLM's secondary tier: keys disjoint from every AIBrix
+    connector's (the conn field is TIER_MARK + a digest of `layout`, the
+    text naming the chunk's byte layout), shared by every replica whose
+    namespace, model identity and layout agree."""
+    digest = hashlib.blake2b(layout.encode("utf-8"), digest_size=LAYOUT_DIGEST_BYTES).hexdigest()
+    return KeyCodec(f"vllm-tier:{layout}", namespace, identity, conn_field=TIER_MARK + digest)
 
 
 def decode(eic_key: str) -> KeyParts:

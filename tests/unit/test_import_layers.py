@@ -18,7 +18,7 @@ LAYERS = [
     {"link"},
     {"request"},
     {"writes"},
-    {"connector", "lifecycle", "plugin", "cli", "pd", "__init__", "__main__", "_pth_hook"},
+    {"connector", "lifecycle", "plugin", "cli", "pd", "tier", "__init__", "__main__", "_pth_hook"},
 ]
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
 ENTRY_POINTS = LAYERS[-1]  # what AIBrix, vLLM and operators call: they may call each other
