@@ -189,9 +189,10 @@ class EICConfig:
         found = config._combination_problems() + (node_problems(config) if node_checks else [])
         for problem in found:
             if problem.key not in failed and _DEPENDS_ON.get(problem.key or "") not in failed:
-                overridden = problem.key and env_variable(problem.key) in self.overridden_by
-                variable = env_variable(problem.key) if overridden else None
-                problems.append(dataclasses.replace(problem, variable=variable))
+                variable = env_variable(problem.key) if problem.key else None
+                problems.append(
+                    dataclasses.replace(problem, variable=variable if variable in self.overridden_by else None)
+                )
         if problems:
             raise ConfigError.of(self.source, sorted(problems, key=lambda p: p.line or 0))
         return config
