@@ -267,6 +267,10 @@ class Server:
 
     # ------------------------------------------------------------ requests
     def healthy(self) -> bool:
+        # An exited server is not healthy, whatever now answers on its port
+        # (free_port() can hand a later server the same port).
+        if self.proc is None or self.proc.poll() is not None:
+            return False
         try:
             with urllib.request.urlopen(f"{self.url}/health", timeout=5) as r:
                 return r.status == 200

@@ -79,7 +79,7 @@ POISON = 0x3C  # every fp32 byte-filled with it is 0x3c3c3c3c (0.0115): finite, 
 
 def _corrupt(store) -> int:
     if hasattr(store, "_dbs"):  # a shared store: overwrite its LMDB values in one write
-        from aibrix_eic.engine.shared_records import META, sampled_checksum
+        from aibrix_eic.engine.shared_records import META, value_checksum
 
         overwritten = []
 
@@ -92,7 +92,7 @@ def _corrupt(store) -> int:
                 meta = writer.txn.get(db_key, db=metas)
                 if meta is not None:
                     seq, expires_at, nbytes, _ = META.unpack_from(meta)
-                    record = META.pack(seq, expires_at, nbytes, sampled_checksum(poisoned)) + bytes(meta[META.size :])
+                    record = META.pack(seq, expires_at, nbytes, value_checksum(poisoned)) + bytes(meta[META.size :])
                     writer.txn.put(db_key, record, db=metas)
                 overwritten.append(db_key)
 
