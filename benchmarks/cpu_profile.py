@@ -32,6 +32,10 @@ COMPONENTS = (
     ("CPU adapter copies (test scaffolding)", "tests/e2e/"),
     ("CPU adapter copies (test scaffolding)", "kv_layout"),
     ("CPU adapter copies (test scaffolding)", "cpu_adapt.py"),
+    ("CPU adapter copies (test scaffolding)", "cpu_tiering.py"),
+    # vLLM's own tiered offloading: its fs tier, and the rest (lookups, jobs, CPU primary)
+    ("vLLM fs tier", "vllm/v1/kv_offload/tiering/fs/"),
+    ("vLLM KV offloading (tiering, CPU primary)", "vllm/v1/kv_offload/"),
     ("model forward", "vllm/model_executor/"),
     ("model forward", "vllm/v1/attention/"),
     # vLLM's processes spin on their shared-memory queues while they wait

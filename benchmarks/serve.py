@@ -90,7 +90,8 @@ worker's model steps, running or waiting, which is what requests wait on
 Per phase and pass: request and token throughput, TTFT mean/p50/p90/p99,
 TPOT p50/p99, goodput, failed requests, peak RSS of the server's process
 tree (sampled every 0.5 s), tokens reused (AIBrix's "reused N tokens" log
-lines; vLLM's prefix-cache hits for vllm-prefix; also as a share of the
+lines; vLLM's prefix-cache hits for vllm-prefix; its external prefix-cache
+hits, tokens a connector served, for the tier phases; also as a share of the
 prompts' full blocks, all that Type1 offloads), blocks our connector
 served (aibrix_eic_blocks_total get hits) and blocks the engine served (its
 own counters, both connectors), and wall time; then same-run ratios of
@@ -390,6 +391,7 @@ def run_pass(
     reused_before = aibrix_reused_tokens(server)
     prefix_before = prefix_cache_counters(server)
     preemptions_before = preemptions(server)
+    external_before = external_hit_tokens(server)
     started = time.perf_counter()
     with PeakRss(server.proc.pid, *pids) as rss:
         result = vllm_bench_main(bench_args(base_url or server.url, model_dir, args))
@@ -405,10 +407,11 @@ def run_pass(
             "eic_get_hit_blocks": None if eic_before is None else eic_get_hit_blocks(server) - eic_before,
             "engine_hit_blocks": None if engine_before is None else engine_hits(server) - engine_before,
             "preemptions": preemptions(server) - preemptions_before,
+            "external_hit_tokens": external_hit_tokens(server) - external_before,
             "errors": sorted({e for e in result.get("errors", []) if e})[:5],
         }
     )
-    out["reused_tokens"] = max(out["aibrix_reused_tokens"], out["vllm_prefix_hit_tokens"])
+    out["reused_tokens"] = max(out["aibrix_reused_tokens"], out["vllm_prefix_hit_tokens"], out["external_hit_tokens"])
     lens = result.get("input_lens") or args.prompt_lens  # set by check_same_prompts, before any server
     out["reusable_tokens"] = reusable_tokens(lens, pd=base_url is not None)
     out["reused_fraction"] = out["reused_tokens"] / max(1, out["reusable_tokens"])
@@ -418,6 +421,13 @@ def run_pass(
 def preemptions(server: Server) -> float:
     """Requests vLLM preempted in `server` so far (vllm:num_preemptions_total)."""
     return metric_value(server.metrics(), "vllm:num_preemptions_total")
+
+
+def external_hit_tokens(server: Server) -> float:
+    """Prompt tokens a KV connector served `server` so far
+    (vllm:external_prefix_cache_hits_total): what the tier phases reuse,
+    from vLLM's offloading tiers, which log no per-request line."""
+    return metric_value(server.metrics(), "vllm:external_prefix_cache_hits_total")
 
 
 def reusable_tokens(prompt_lens: list[int], pd: bool = False) -> int:

@@ -283,6 +283,21 @@ def test_tier_replica_ratio_is_the_second_servers_first_read_over_the_first_ones
     assert "| tier-replica | replica |" in table and table.count("\n| tier-replica") == 3
 
 
+def test_tier_phases_count_the_tokens_a_connector_served(serve):
+    """vLLM's offloading tiers log no "reused N tokens" line: their reuse is
+    vLLM's external prefix-cache hits, summed over engines."""
+
+    class Metrics:
+        def metrics(self):
+            return {
+                ("vllm:external_prefix_cache_hits_total", frozenset({("engine", "0")})): 1984.0,
+                ("vllm:external_prefix_cache_hits_total", frozenset({("engine", "1")})): 16.0,
+                ("vllm:prefix_cache_hits_total", frozenset({("engine", "0")})): 7.0,
+            }
+
+    assert serve.external_hit_tokens(Metrics()) == 2000.0
+
+
 def test_goals_judged_from_numpy_ratios_can_be_written_as_json(serve):
     """vLLM's results carry numpy floats; a goal judged from them must still
     go into the --json file (the first full run died there, after 11 min)."""
@@ -331,6 +346,10 @@ def test_cpu_samples_are_charged_to_the_innermost_component():
             "select (selectors.py:3) 1",
             # the e2e CPU adapter's copy, named bare (tests/e2e is on the server's path)
             "_recv_kv_sync_impl (aibrix_kvcache/integration/vllm/kv_connector/t1.py:9);run (cpu_adapt.py:54);onload (kv_layout.py:70) 6",
+            # vLLM's tiered offloading: its fs tier's reads, its lookup thread, our tier inside it
+            "_worker (vllm/v1/kv_offload/tiering/fs/thread_pool.py:5);read (vllm/v1/kv_offload/tiering/fs/io.py:9) 8",
+            "_worker (vllm/v1/kv_offload/tiering/async_lookup.py:3) 9",
+            "_worker (vllm/v1/kv_offload/tiering/async_lookup.py:3);batch_lookup (aibrix_eic/tier/manager.py:4) 10",
             "not a sample line",
         ]
     )
@@ -342,6 +361,9 @@ def test_cpu_samples_are_charged_to_the_innermost_component():
         "AIBrix (cache manager, L1, connector)": 3,
         cpu_profile.OTHER: 1,
         "CPU adapter copies (test scaffolding)": 6,
+        "vLLM fs tier": 8,
+        "vLLM KV offloading (tiering, CPU primary)": 9,
+        "aibrix_eic connector": 10,
     }
     # the step view keeps the worker's model step only
     step = "run (threading.py:1);execute_model (vllm/v1/worker/gpu_model_runner.py:2);result (concurrent/futures/_base.py:3) 9"
