@@ -63,6 +63,20 @@ def _shm_in_use(shm_dir: Path) -> set[str]:
     return used
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group `pgid` has not finished exiting (a zombie
+    has released its memory; one still exiting has not)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in "ZX":
+            return True
+    return False
+
+
 def remove_shm_leftovers(before: set[str], shm_dir: Path = SHM_DIR) -> list[str]:
     """Unlink what appeared in shm_dir since `before` and no live process
     uses (another server's files are mapped by it, so they stay); the names
@@ -311,6 +325,10 @@ class Server:
         if self._log:
             self._log.close()
             self._log = None
+        # a SIGKILLed worker maps the files until it has exited: wait for that
+        deadline = time.monotonic() + 15
+        while group_alive(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
         remove_shm_leftovers(self._shm_before)
         if not self.events or self.events[-1][0] != "exited":
             self.events.append(("exited", time.monotonic()))

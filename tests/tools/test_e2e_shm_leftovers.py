@@ -3,8 +3,11 @@ killed vLLM leaves in /dev/shm is unlinked, unless a live process (another
 server) still maps it or holds it open."""
 
 import importlib.util
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -58,3 +61,24 @@ def test_only_new_unused_leftovers_are_removed(server, tmp_path):
 def test_a_missing_directory_is_nothing_to_remove(server, tmp_path):
     assert server.shm_names(tmp_path / "absent") == set()
     assert server.remove_shm_leftovers(set(), tmp_path / "absent") == []
+
+
+def test_a_group_is_alive_until_its_last_process_has_exited(server):
+    """stop() waits on this before it cleans up: a worker still exiting maps
+    its files, and they would be skipped for good."""
+    leader = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen(['sleep', '60']); time.sleep(60)"],
+        start_new_session=True,
+    )
+    try:
+        time.sleep(0.5)
+        assert server.group_alive(leader.pid)
+        leader.kill()
+        leader.wait()
+        assert server.group_alive(leader.pid)  # its child, orphaned, lives on
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while server.group_alive(leader.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not server.group_alive(leader.pid)
