@@ -7,10 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -67,18 +67,21 @@ def test_a_group_is_alive_until_its_last_process_has_exited(server):
     """stop() waits on this before it cleans up: a worker still exiting maps
     its files, and they would be skipped for good."""
     leader = subprocess.Popen(
-        [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen(['sleep', '60']); time.sleep(60)"],
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, time; subprocess.Popen(['sleep', '60']); print('ready', flush=True); time.sleep(60)",
+        ],
         start_new_session=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
-        time.sleep(0.5)
+        assert leader.stdout.readline().strip() == "ready"  # its child started
         assert server.group_alive(leader.pid)
         leader.kill()
         leader.wait()
         assert server.group_alive(leader.pid)  # its child, orphaned, lives on
     finally:
         os.killpg(leader.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while server.group_alive(leader.pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not server.group_alive(leader.pid)
+    wait_until(lambda: not server.group_alive(leader.pid), timeout=10, what="the killed group to exit")
