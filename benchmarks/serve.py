@@ -144,6 +144,20 @@ PY_SPY = str(Path(sys.executable).parent / "py-spy")  # tests/e2e/requirements.t
 
 
 # ------------------------------------------------------------ servers
+# Both cores for every single server: vLLM's automatic binding reserves one
+# core without a KV connector and none with one (see e2e_ttft.py).
+SINGLE_SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "0-1", **QUIET_PROBE}
+
+
+def shared_store_url(name: str, phase_dir: Path) -> str:
+    """A remote_url of the engine's shared mode for a phase whose servers
+    share one store; its directory is made here, as a deployment's volume
+    would be, so the URL needs no create=1."""
+    store_dir = phase_dir / "store"
+    store_dir.mkdir(parents=True, exist_ok=True)
+    return f"local://serve-{name}?dir={store_dir}&capacity=8GiB"
+
+
 PD_ROLES = {"pd-prefill": "kv_both", "pd-decode": "kv_consumer"}
 
 
@@ -153,10 +167,8 @@ def phase_servers(name: str, model_dir: Path, workdir: Path, args: argparse.Name
     if name not in PD_PHASES:
         return [phase_server(name, model_dir, workdir, args)]
     phase_dir = workdir / name
-    store_dir = phase_dir / "store"
-    store_dir.mkdir(parents=True, exist_ok=True)
     config = phase_dir / "eic.yaml"
-    config.write_text(f"remote_url: local://serve-{name}?dir={store_dir}&capacity=8GiB\n")
+    config.write_text(f"remote_url: {shared_store_url(name, phase_dir)}\n")
     servers = []
     for server_name, kv_role in PD_ROLES.items():
         metrics_dir = phase_dir / server_name / "prometheus"
@@ -178,9 +190,7 @@ def phase_servers(name: str, model_dir: Path, workdir: Path, args: argparse.Name
 
 def phase_server(name: str, model_dir: Path, workdir: Path, args: argparse.Namespace) -> Server:
     """The server of one single-server phase, not started."""
-    # Both cores for every server: vLLM's automatic binding reserves one
-    # core without a KV connector and none with one (see e2e_ttft.py).
-    env = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "0-1", **QUIET_PROBE}
+    env = dict(SINGLE_SERVER_ENV)
     if name in ("plain", "vllm-prefix"):
         return Server(name, model_dir, workdir, connector=False, prefix_caching=name == "vllm-prefix", env=env)
     phase_dir = workdir / name
@@ -492,9 +502,7 @@ def run_phase(name: str, model_dir: Path, workdir: Path, args: argparse.Namespac
         pids = tuple(s.proc.pid for s in servers[:-1])
         if len(servers) > 1:
             proxy = PDProxy(servers[0].url, server.url).start()
-        # a first long prefill costs more than later ones; take it on another prompt
-        warm_rng = random.Random(99)
-        stream_request(proxy or server, [warm_rng.randrange(3, model.VOCAB_SIZE) for _ in range(args.prompt_len)], 2)
+        stream_request(proxy or server, warm_up_prompt(args), 2)
         ready_s = time.perf_counter() - started
         print(f"{name}: ready in {ready_s:.0f} s, measuring", file=sys.stderr)
         base_url = proxy.url if proxy else None
@@ -522,15 +530,26 @@ def run_phase(name: str, model_dir: Path, workdir: Path, args: argparse.Namespac
     return phase
 
 
+def warm_up_prompt(args: argparse.Namespace) -> list[int]:
+    """A first long prefill costs more than later ones: a server takes it
+    on this prompt, not one of the workload's."""
+    rng = random.Random(99)
+    return [rng.randrange(3, model.VOCAB_SIZE) for _ in range(args.prompt_len)]
+
+
 def replica_servers(model_dir: Path, workdir: Path, args: argparse.Namespace) -> list[Server]:
     """`tier-replica`'s two tier servers, not started, on one shared store."""
     phase_dir = workdir / REPLICA_PHASE
-    store_dir = phase_dir / "store"
-    store_dir.mkdir(parents=True, exist_ok=True)  # made beforehand: no create=1, as for a deployment's volume
-    store = f"local://serve-{REPLICA_PHASE}?dir={store_dir}&capacity=8GiB"
-    env = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "0-1", **QUIET_PROBE}
+    store = shared_store_url(REPLICA_PHASE, phase_dir)
     return [
-        Server(label, model_dir, phase_dir, connector=False, env=env, args=tiering_args("tier", phase_dir, store, args))
+        Server(
+            label,
+            model_dir,
+            phase_dir,
+            connector=False,
+            env=dict(SINGLE_SERVER_ENV),
+            args=tiering_args("tier", phase_dir, store, args),
+        )
         for label in ("replica-a", "replica-b")
     ]
 
@@ -540,8 +559,7 @@ def start_measuring(server: Server, args: argparse.Namespace) -> None:
     server.start()
     server.wait_ready(600)
     server.warm_up()
-    warm_rng = random.Random(99)
-    stream_request(server, [warm_rng.randrange(3, model.VOCAB_SIZE) for _ in range(args.prompt_len)], 2)
+    stream_request(server, warm_up_prompt(args), 2)
 
 
 def run_replica_phase(model_dir: Path, workdir: Path, args: argparse.Namespace) -> dict:

@@ -82,8 +82,10 @@ def remove_shm_leftovers(before: set[str], shm_dir: Path = SHM_DIR) -> list[str]
     uses (another server's files are mapped by it, so they stay); the names
     removed."""
     new = shm_names(shm_dir) - before
+    if not new:
+        return []  # the common case: no /proc scan
     removed = []
-    for name in sorted(new - _shm_in_use(shm_dir)) if new else ():
+    for name in sorted(new - _shm_in_use(shm_dir)):
         try:
             os.unlink(shm_dir / name)
             removed.append(name)
